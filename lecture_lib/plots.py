@@ -1,0 +1,86 @@
+"""One look for every figure of the course, and the label that says who measured it.
+
+Every measured figure carries :func:`machine_label` (CPU model, cores, GPUs,
+backend and ranks) via :func:`stamp`, so a plot copied out of a notebook
+still says where its numbers came from. :func:`plot_timeline` draws per-rank
+spans (compute, communication, pipeline actions) as a Gantt chart.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+import matplotlib.pyplot as plt
+import torch
+
+# One colour per kind of work, used by every timeline in the course.
+COLORS = {
+    "compute": "#4C72B0", "forward": "#4C72B0", "F": "#4C72B0",
+    "backward": "#DD8452", "B": "#DD8452", "W": "#55A868",
+    "comm": "#C44E52", "communication": "#C44E52", "optimizer": "#8172B3",
+    "idle": "#DDDDDD", "bubble": "#DDDDDD",
+}
+
+
+def use_style() -> None:
+    plt.rcParams.update({
+        "figure.figsize": (7, 4), "figure.dpi": 100, "axes.grid": True,
+        "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+        "font.size": 10, "legend.frameon": False,
+    })
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_label(backend: str | None = None, world_size: int | None = None) -> str:
+    """E.g. 'measured on Intel Xeon, 2 cores, no GPU; gloo, 4 ranks (one process each)'."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpu = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "no GPU"
+    text = f"measured on {cpu_name()}, {os.cpu_count()} cores, {gpu}"
+    if backend:
+        text += f"; {backend}"
+        if world_size:
+            text += f", {world_size} ranks (one process each)"
+    return text
+
+
+def stamp(fig, backend: str | None = None, world_size: int | None = None,
+          text: str | None = None) -> None:
+    """Write who measured the figure in its bottom-right corner."""
+    fig.text(0.99, 0.005, text or machine_label(backend, world_size), ha="right",
+             va="bottom", fontsize=7, color="0.4")
+
+
+def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms",
+                  colors: dict | None = None, labels: bool = False) -> None:
+    """Gantt chart: ``timelines[rank] = [(kind, start_s, end_s), ...]`` or
+    ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top."""
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    colors = {**COLORS, **(colors or {})}
+    ranks = sorted(timelines)
+    seen = {}
+    for row, rank in enumerate(ranks):
+        for span in timelines[rank]:
+            kind, start, end = span[:3]
+            bar = ax.barh(row, (end - start) * scale, left=start * scale, height=0.7,
+                          color=colors.get(kind, "#999999"), edgecolor="white", linewidth=0.5)
+            seen.setdefault(kind, bar)
+            if labels and len(span) > 3:
+                ax.text((start + end) / 2 * scale, row, str(span[3]), ha="center",
+                        va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    ax.legend(seen.values(), seen.keys(), loc="upper right", fontsize=7, ncol=len(seen))

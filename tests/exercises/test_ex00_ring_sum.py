@@ -1,0 +1,40 @@
+"""ex00: ring_sum with send/recv only. Run against solutions/ by default;
+the grader points LECTURE_EXERCISE_PATH at a student's file."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import lecture_lib
+from lecture_lib.grading import load_exercise
+
+ex = load_exercise("ex00")
+POINTS = 10
+COLLECTIVES = ("all_reduce", "reduce", "all_gather", "broadcast", "reduce_scatter",
+               "all_to_all", "gather", "scatter", "all_reduce_coalesced")
+
+
+def _ring_sum_on_rank(shape):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("ring_sum must use send/recv only, not a collective")
+    for name in COLLECTIVES:                     # this rank only: its process ends with the call
+        if hasattr(dist, name):
+            setattr(dist, name, forbidden)
+    rank = dist.get_rank()
+    x = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) + 100 * rank
+    before = x.clone()
+    out = ex.ring_sum(x)
+    return out, torch.equal(x, before)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_rank_gets_the_sum(world_size):
+    results = lecture_lib.run(_ring_sum_on_rank, world_size, (2, 3), timeout=60)
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    expected = sum(base + 100 * r for r in range(world_size))
+    for rank, (out, _) in enumerate(results):
+        torch.testing.assert_close(out, expected, msg=f"rank {rank}")
+
+
+def test_input_is_not_modified():
+    results = lecture_lib.run(_ring_sum_on_rank, 3, (5,), timeout=60)
+    assert all(unchanged for _, unchanged in results), "ring_sum changed its input tensor"
