@@ -308,9 +308,10 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def worker_pids() -> list[int]:
-    """Process ids of the warm workers now alive (for tests that nothing leaks)."""
-    return [pid for pool in _POOLS.values() for pid in pool.pids()]
+def worker_pids(world_size: int | None = None) -> list[int]:
+    """Process ids of the warm workers (of pools of ``world_size`` ranks, or all)."""
+    return [pid for (size, _), pool in _POOLS.items() if world_size in (None, size)
+            for pid in pool.pids()]
 
 
 # ----------------------------------------------------------------------------

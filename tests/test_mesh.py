@@ -1,0 +1,43 @@
+"""mesh: grid arithmetic and the real groups agree; bad grids fail before any process starts."""
+import pytest
+
+import lecture_lib
+from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_groups
+
+
+def test_coordinates_are_row_major_last_dim_fastest():
+    dims = {"dp": 2, "pp": 2, "tp": 2}
+    assert grid_coordinates(0, dims) == {"dp": 0, "pp": 0, "tp": 0}
+    assert grid_coordinates(1, dims) == {"dp": 0, "pp": 0, "tp": 1}
+    assert grid_coordinates(6, dims) == {"dp": 1, "pp": 1, "tp": 0}
+    assert grid_groups(dims, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid_groups(dims, "dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_real_groups_match_the_arithmetic():
+    dims = {"dp": 2, "tp": 2}
+
+    def on_rank():
+        grid = RankGrid(**dims)
+        return grid.coords, grid.ranks("dp"), grid.ranks("tp"), grid.size("tp")
+
+    for rank, (coords, dp, tp, tp_size) in enumerate(lecture_lib.run(on_rank, 4, timeout=60)):
+        assert coords == grid_coordinates(rank, dims)
+        assert dp in grid_groups(dims, "dp") and rank in dp
+        assert tp in grid_groups(dims, "tp") and rank in tp
+        assert tp_size == 2
+
+
+@pytest.mark.parametrize("dims, match", [
+    ({"dp": 2, "tp": 3}, "has 6 ranks but world_size is 4"),
+    ({"dp": 0, "tp": 4}, "whole number"),
+    ({}, "at least one"),
+])
+def test_bad_grids(dims, match):
+    with pytest.raises(ValueError, match=match):
+        check_grid(4, dims)
+
+
+def test_a_rank_grid_of_the_wrong_size_fails_on_every_rank():
+    with pytest.raises(lecture_lib.RankError, match="has 3 ranks but world_size is 2"):
+        lecture_lib.run(lambda: RankGrid(dp=3), 2, timeout=60)

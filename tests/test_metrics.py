@@ -1,0 +1,68 @@
+"""metrics: phase timers, saved-tensor bytes, state bytes; costmodel.comm formulas."""
+import time
+
+import pytest
+import torch
+
+from lecture_lib import costmodel, metrics
+from lecture_lib.models import GPT, GPTConfig, MarkovText
+
+
+def test_timer_splits_phases_and_records_spans():
+    timer = metrics.Timer()
+    with timer("compute"):
+        time.sleep(0.03)
+    with timer("comm"):
+        time.sleep(0.01)
+    assert timer.totals["compute"] > timer.totals["comm"] > 0
+    assert 0.5 < timer.share("compute") < 1
+    (k1, s1, e1), (k2, s2, e2) = timer.spans
+    assert (k1, k2) == ("compute", "comm") and 0 <= s1 < e1 <= s2 < e2
+
+
+def test_tokens_per_second():
+    assert metrics.tokens_per_second(1000, 0.5) == 2000
+    with pytest.raises(ValueError):
+        metrics.tokens_per_second(1, 0)
+
+
+def test_saved_bytes_grow_with_depth_and_batch():
+    def saved(layers, batch):
+        cfg = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=layers)
+        model, (x, y) = GPT(cfg), MarkovText(32, 16).batch(0, batch)
+        with metrics.saved_tensor_bytes() as s:
+            model(x, y)
+        return s.activation_bytes(model)
+    one, two = saved(1, 4), saved(2, 4)
+    assert two > one > 0
+    assert saved(2, 8) > 1.8 * saved(2, 4) - 1
+
+
+def test_state_bytes_counts_params_grads_and_adam_state():
+    model = torch.nn.Linear(10, 10)          # 110 float32 parameters = 440 bytes
+    opt = torch.optim.Adam(model.parameters())
+    assert metrics.state_bytes(model, opt) == {"params": 440, "grads": 0, "optimizer": 0}
+    model(torch.randn(2, 10)).sum().backward()
+    opt.step()
+    got = metrics.state_bytes(model, opt)
+    assert got["grads"] == 440 and got["optimizer"] >= 880   # exp_avg + exp_avg_sq (+ steps)
+
+
+def test_bus_factors_match_nccl_tests():
+    assert costmodel.bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert costmodel.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert costmodel.bus_factor("reduce_scatter", 1) == 0
+    with pytest.raises(ValueError):
+        costmodel.bus_factor("scan", 4)
+
+
+def test_collective_time_and_fit_round_trip():
+    link = costmodel.Link("test", alpha=1e-5, beta=1e9)
+    assert costmodel.collective_time("all_reduce", 1e6, 1, link) == 0
+    t = costmodel.collective_time("all_reduce", 4e6, 4, link)
+    assert t == pytest.approx(6 * 1e-5 + 1.5 * 4e6 / 1e9)
+    sizes = [2.0 ** k for k in range(10, 26)]
+    alpha, beta = costmodel.fit_alpha_beta(sizes, [2e-5 + s / 3e9 for s in sizes])
+    assert alpha == pytest.approx(2e-5, rel=1e-6) and beta == pytest.approx(3e9, rel=1e-6)
+    with pytest.raises(ValueError):
+        costmodel.fit_alpha_beta([1.0], [1.0])
