@@ -16,13 +16,18 @@ COLLECTIVES = ("all_reduce", "reduce", "all_gather", "broadcast", "reduce_scatte
 def _ring_sum_on_rank(shape):
     def forbidden(*args, **kwargs):
         raise AssertionError("ring_sum must use send/recv only, not a collective")
-    for name in COLLECTIVES:                     # this rank only: its process ends with the call
-        if hasattr(dist, name):
-            setattr(dist, name, forbidden)
+    # Workers are reused across calls: patch for this call only, and restore.
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
     rank = dist.get_rank()
     x = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) + 100 * rank
     before = x.clone()
-    out = ex.ring_sum(x)
+    try:
+        for name in saved:
+            setattr(dist, name, forbidden)
+        out = ex.ring_sum(x)
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
     return out, torch.equal(x, before)
 
 
