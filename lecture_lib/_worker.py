@@ -45,7 +45,9 @@ def _call(conn, store, rank, world_size, backend, message):
     os.chdir(cwd)
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    # State a call may change and the next call must not inherit: the default dtype, grad
+    # mode, and torch.distributed's functions (tests patch them to forbid collectives).
+    dtype, grad, dist_attrs = torch.get_default_dtype(), torch.is_grad_enabled(), dict(vars(dist))
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         dist.init_process_group(backend, store=dist.PrefixStore(f"call{call_id}", store),
@@ -63,6 +65,7 @@ def _call(conn, store, rank, world_size, backend, message):
     finally:
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)
+        vars(dist).update(dist_attrs)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -25,7 +25,10 @@ does not give):
   costs seconds, a fresh process group per call costs milliseconds. Each call
   gets its own process group (rendezvous through a TCPStore that the caller
   hosts on a free port), which is destroyed afterwards, so no group, message
-  or mesh leaks from one call into the next.
+  or mesh leaks from one call into the next. The default dtype, grad mode and
+  ``torch.distributed``'s functions are restored after each call; other
+  global state a function changes (a monkeypatched module, a seed) persists
+  in the worker, so a rank function should leave the process as it found it.
 * What a rank prints is written to a per-rank log and printed by the caller
   with a ``[rank r]`` prefix (workers' output does not reach a notebook).
 * A rank that raises ends the call at once with :class:`RankError` (its

@@ -73,6 +73,18 @@ def test_each_call_gets_a_fresh_process_group():
         assert lecture_lib.run(make_group, 2, timeout=60) == [2.0, 2.0]
 
 
+def test_state_a_call_changes_does_not_leak_into_the_next():
+    def change():
+        dist.all_reduce = None                      # a test forbidding collectives, say
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(False)
+
+    def look():
+        return callable(dist.all_reduce), torch.get_default_dtype(), torch.is_grad_enabled()
+    lecture_lib.run(change, 2, timeout=60)
+    assert lecture_lib.run(look, 2, timeout=60) == [(True, torch.float32, True)] * 2
+
+
 def test_printed_output_comes_back_prefixed(capsys):
     def talk():
         print(f"hello from {dist.get_rank()}")
