@@ -41,6 +41,12 @@ NVLINK_H100 = Link("NVLink (H100, in a node)", alpha=3e-6, beta=300e9,
                    source="NVIDIA H100 datasheet (900 GB/s NVLink per GPU, bidirectional)")
 INFINIBAND_NDR = Link("InfiniBand NDR (across nodes)", alpha=10e-6, beta=45e9,
                       source="NVIDIA ConnectX-7 / DGX H100: 400 Gb/s per GPU")
+# The A100 generation the Megatron-LM paper trained GPT-3 175B on (Narayanan et al. 2021, section
+# 5: DGX A100 nodes, NVLink 3 at 600 GB/s bidirectional per GPU, 8 x 200 Gb/s HDR InfiniBand).
+NVLINK_A100 = Link("NVLink (A100, in a node)", alpha=3e-6, beta=200e9,
+                   source="NVIDIA A100 datasheet (600 GB/s NVLink per GPU, bidirectional)")
+INFINIBAND_HDR = Link("InfiniBand HDR (across nodes)", alpha=10e-6, beta=22e9,
+                      source="DGX A100: 8 x 200 Gb/s HDR per node, 25 GB/s per GPU")
 
 
 def bus_factor(kind: str, world_size: int) -> float:
