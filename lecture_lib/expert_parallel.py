@@ -290,9 +290,10 @@ class MoELayer(nn.Module):
             send_splits = per_expert.view(p, -1).sum(1).tolist()
             recv_per = kept_all[:, :, self.expert_ids].sum(1)               # (p, E/p)
             recv_splits = recv_per.sum(1).tolist()
+            send_buffer = x[token_of]
 
         with self._phase("dispatch"):
-            received = all_to_all(x[token_of], send_splits, recv_splits, self.group)
+            received = all_to_all(send_buffer, send_splits, recv_splits, self.group)
 
         with self._phase("experts"):
             local = torch.arange(self.local_experts, device=x.device).repeat(p)
@@ -304,6 +305,7 @@ class MoELayer(nn.Module):
 
         with self._phase("combine"):
             back = all_to_all(processed, recv_splits, send_splits, self.group)
+        with self._phase("route"):
             weight = gates.T.reshape(-1)[order].unsqueeze(1).to(x.dtype)
             y = torch.zeros_like(x).index_add(0, token_of, back * weight)
 
@@ -456,3 +458,63 @@ def load_imbalance(tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """Max over mean tokens per expert (1 = even; E = all on one expert), on the last dim."""
     t = tokens_per_expert.double()
     return t.max(-1).values / t.mean(-1)
+
+
+# ----------------------------------------------------------------------------
+# Measurements for the notebook
+# ----------------------------------------------------------------------------
+
+def measure_drop_rates(cfg: GPTConfig, moe: MoEConfig, params: dict, capacity_factors,
+                       batch_size: int = 32, data_seed: int = 0, step: int = 10_000) -> torch.Tensor:
+    """Fraction of token slots dropped, ``[factor, layer]``, by a trained :class:`MoEGPT`.
+
+    Loads ``params`` into the one-process model (equal to expert parallel, tested)
+    and runs one held-out batch forward at each capacity factor.
+    """
+    for cf in capacity_factors:
+        check_moe(moe.num_experts, moe.k, cf)
+    model = MoEGPT(cfg, moe, group=LOCAL)
+    model.load_state_dict(params)
+    x, _ = MarkovText(cfg.vocab_size, cfg.seq_len, seed=data_seed).batch(step, batch_size)
+    rates = []
+    with torch.no_grad():
+        for cf in capacity_factors:
+            for layer in model.moe_layers():
+                layer.capacity_factor = cf
+            model(x)
+            rates.append([layer.stats["dropped_fraction"] for layer in model.moe_layers()])
+    return torch.tensor(rates)
+
+
+def _benchmark_rank(tokens, d_model, d_ff, num_experts, k, capacity_factor, repeats, seed):
+    _, size, rank = _resolve(None)
+    dev = device()
+    layer = MoELayer(d_model, d_ff, num_experts, k, capacity_factor, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x_all = torch.randn(tokens, d_model, generator=g)
+    x = shard((x_all,), rank, size)[0].to(dev)
+    with torch.no_grad():
+        layer(x)                                             # warm-up
+        layer.timer = Timer(dev)
+        for _ in range(repeats):
+            layer(x)
+    stats = {key: layer.stats[key] for key in ("send_splits", "recv_splits", "sent_bytes",
+                                               "buffer_bytes", "dropped_fraction", "tokens")}
+    return {"seconds": {p: t / repeats for p, t in layer.timer.totals.items()},
+            "spans": layer.timer.spans[-len(layer.timer.spans) // repeats:], "stats": stats}
+
+
+def benchmark_layer(world_size: int, tokens: int = 4096, d_model: int = 128, d_ff: int = 512,
+                    num_experts: int = 8, k: int = 1, capacity_factor: float | None = 1.25,
+                    repeats: int = 5, seed: int = 0, timeout: float = 180) -> list[dict]:
+    """Time the phases of an MoE layer's forward on ``world_size`` ranks (fixed global tokens).
+
+    Per rank: ``seconds[phase]`` (mean over ``repeats``; phases "route", "counts",
+    "dispatch", "experts", "combine"), the timeline ``spans`` of the last forward
+    and the routing ``stats`` (split sizes, bytes sent to other ranks).
+    """
+    check_moe(num_experts, k, capacity_factor, world_size)
+    if tokens % world_size:
+        raise ValueError(f"tokens={tokens} is not divisible by {world_size} ranks")
+    return run(_benchmark_rank, world_size, tokens, d_model, d_ff, num_experts, k,
+               capacity_factor, repeats, seed, timeout=timeout)
