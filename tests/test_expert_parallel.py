@@ -187,3 +187,30 @@ def test_costmodel_counts_match_the_layer():
     assert costmodel.all_to_all_bytes(100, D, 2, 1) == 0
     with pytest.raises(ValueError):
         costmodel.moe_flops_per_token(D, F, 2, 3)
+
+
+def test_drop_rates_fall_with_capacity_and_match_the_layer():
+    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=2)
+    moe = ep.MoEConfig(4, 1, 1.0)
+    params = dict(ep.MoEGPT(cfg, moe, 0, group=ep.LOCAL).named_parameters())
+    rates = ep.measure_drop_rates(cfg, moe, params, [0.25, 0.5, 1.0, 4.0], batch_size=8)
+    assert rates.shape == (4, 2)
+    assert (rates[1:] <= rates[:-1]).all() and (rates[-1] == 0).all()
+    assert torch.allclose(rates[0], torch.full((2,), 0.75))          # C = T/16: 3/4 dropped
+    with pytest.raises(ValueError, match="capacity_factor"):
+        ep.measure_drop_rates(cfg, moe, params, [1.0, 0.0])
+
+
+def test_benchmark_layer_times_every_phase_and_counts_bytes():
+    with pytest.raises(ValueError, match="divisible"):
+        ep.benchmark_layer(4, tokens=66)
+    with pytest.raises(ValueError, match="divisible"):
+        ep.benchmark_layer(4, num_experts=6)
+    res = ep.benchmark_layer(2, tokens=256, d_model=16, d_ff=32, num_experts=4, repeats=2,
+                             timeout=60)
+    for rank, r in enumerate(res):
+        assert set(r["seconds"]) == {"route", "counts", "dispatch", "experts", "combine"}
+        assert all(t > 0 for t in r["seconds"].values())
+        splits = r["stats"]["send_splits"]
+        assert r["stats"]["sent_bytes"] == (sum(splits) - splits[rank]) * 16 * 4
+        assert {kind for kind, *_ in r["spans"]} == set(r["seconds"])

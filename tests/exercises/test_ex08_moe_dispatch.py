@@ -25,15 +25,17 @@ def _on_rank():
     rank, p = dist.get_rank(), dist.get_world_size()
     x_all, idx_all = _tokens()
     rows = slice(rank * TOKENS // p, (rank + 1) * TOKENS // p)
-    x = x_all[rows].clone().requires_grad_()
+    dev = lecture_lib.device()
+    x = x_all[rows].clone().to(dev).requires_grad_()
     before = x.detach().clone()
-    received, received_expert, plan = ex.dispatch(x, idx_all[rows], EXPERTS)
+    received, received_expert, plan = ex.dispatch(x, idx_all[rows].to(dev), EXPERTS)
     # expert e: multiply by (e + 1), so every token's output says which expert ran it
     processed = received * (received_expert + 1).unsqueeze(1).to(received.dtype)
     y = ex.combine(processed, plan)
     (y * (rank + 1)).sum().backward()
     return {"received": received.detach(), "received_expert": received_expert,
-            "y": y.detach(), "x_grad": x.grad, "unchanged": torch.equal(x.detach(), before)}
+            "y": y.detach(), "x_grad": None if x.grad is None else x.grad.cpu(),
+            "unchanged": torch.equal(x.detach(), before)}
 
 
 _RESULTS = {}
