@@ -234,7 +234,8 @@ class MoELayer(nn.Module):
         for e in list(self.experts):
             if int(e) not in self.expert_ids:
                 del self.experts[e]
-        self.to(device() if self.ep_size > 1 else self.router.weight.device)
+        if group != LOCAL and dist.is_initialized():
+            self.to(device())                    # cuda:<local rank> under NCCL
 
     def _phase(self, name):
         return self.timer(name) if self.timer is not None else contextlib.nullcontext()
