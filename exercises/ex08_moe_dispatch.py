@@ -1,0 +1,57 @@
+# Generated from solutions/ex08_moe_dispatch.py by `python -m lecture_lib.exercises`.
+# Students: fill in every NotImplementedError below, then check your work with
+#   python -m lecture_lib.grade exercises/ex08_moe_dispatch.py
+"""Exercise 08: send tokens to their experts' ranks with all-to-all, and bring them back.
+
+Expert parallelism spreads ``num_experts`` experts over the ``p`` ranks of a
+group: rank ``r`` holds experts ``r * E/p ... (r + 1) * E/p - 1``. The router
+has already chosen one expert per token (``expert_index``, shape ``(n,)``;
+top-1, nothing dropped). Write the two all-to-alls around the experts:
+
+``dispatch(x, expert_index, num_experts)`` returns ``(received, received_expert,
+plan)``: every row this rank's experts must process (from every rank,
+itself included), the global expert index of each received row, and a
+:class:`Plan` for the way back.
+
+``combine(processed, plan)`` takes the experts' outputs, row for row as
+``received`` came in, and returns the ``(n, d)`` outputs in the original token
+order of this rank: row ``i`` is token ``i``'s expert output.
+
+Rules and hints:
+
+* Counts vary from rank to rank and batch to batch, so the token all-to-all
+  needs per-rank split sizes, and a rank cannot know how many rows it will
+  receive until the others tell it: exchange the counts first, with
+  ``dist.all_to_all_single`` on a small tensor of counts (a ``(p, E/p)``
+  table: row ``s`` says how many tokens go to each expert of rank ``s``).
+* Move the tokens with ``lecture_lib.expert_parallel.all_to_all(x, send_splits,
+  recv_splits, group)``: ``all_to_all_single`` on dim 0 with split sizes,
+  written as an autograd Function so the gradient travels back through it
+  (the tests backpropagate through your code).
+* Sort the tokens by expert before sending (``argsort(stable=True)``): then the
+  rows for each destination rank are contiguous, in expert order, and the
+  received block from each rank is ordered by expert too.
+* Do not modify ``x``.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lecture_lib.expert_parallel import all_to_all
+
+
+@dataclass
+class Plan:
+    """What combine needs: how tokens were sorted and how many rows went where."""
+    order: torch.Tensor          # token indices, sorted by expert (the send order)
+    send_splits: list            # rows sent to each rank
+    recv_splits: list            # rows received from each rank
+
+
+def dispatch(x: torch.Tensor, expert_index: torch.Tensor, num_experts: int, group=None):
+    raise NotImplementedError("ex08: your code here")
+
+
+def combine(processed: torch.Tensor, plan: Plan, group=None) -> torch.Tensor:
+    raise NotImplementedError("ex08: your code here")
