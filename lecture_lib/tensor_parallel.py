@@ -124,6 +124,8 @@ def _collective(kind: str, phase: str, x: torch.Tensor, group, dim: int = -1,
                 op=dist.ReduceOp.SUM) -> torch.Tensor:
     """Run one collective on ``x`` (a new tensor comes back) and record it."""
     p = _size(group)
+    if p == 1:                                       # nothing to talk about
+        return x.clone()
     x = x.contiguous()
     with wall_time(x.device) as t:
         if kind == "all_reduce":
