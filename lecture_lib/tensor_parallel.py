@@ -163,85 +163,53 @@ def _split(x: torch.Tensor, group, dim: int) -> torch.Tensor:
 # Megatron's conjugate operators (autograd Functions)
 # ----------------------------------------------------------------------------
 
-class _CopyToTP(torch.autograd.Function):
-    """f: identity forward; all-reduce the gradient backward."""
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _collective("all_reduce", "backward", grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward; identity backward."""
-    @staticmethod
-    def forward(ctx, x, group):
-        return _collective("all_reduce", "forward", x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class _GatherFromTP(torch.autograd.Function):
-    """All-gather along ``dim`` forward; keep my slice of the gradient backward."""
-    @staticmethod
-    def forward(ctx, x, group, dim):
+def _operator(name: str, forward, backward, doc: str):
+    """An autograd Function: ``forward(x, group, dim)`` forward, ``backward(grad, group, dim)``
+    backward. Each pair below is one of Megatron's conjugate operators."""
+    def fwd(ctx, x, group, dim):
         ctx.group, ctx.dim = group, dim
-        return _collective("all_gather", "forward", x, group, dim)
+        return forward(x, group, dim)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.group, ctx.dim), None, None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.group, ctx.dim), None, None
 
-
-class _SplitToTP(torch.autograd.Function):
-    """Keep my slice along ``dim`` forward; all-gather the gradient backward."""
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _split(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _collective("all_gather", "backward", grad, ctx.group, ctx.dim), None, None
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(fwd), "backward": staticmethod(bwd), "__doc__": doc,
+        "__module__": __name__})
 
 
-class _ReduceScatterToSP(torch.autograd.Function):
-    """Sequence parallel g-bar: reduce-scatter along ``dim`` forward; all-gather backward."""
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _collective("reduce_scatter", "forward", x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _collective("all_gather", "backward", grad, ctx.group, ctx.dim), None, None
+def _identity(x, group, dim):
+    return x
 
 
-class _AllGatherFromSP(torch.autograd.Function):
-    """Sequence parallel g: all-gather along ``dim`` forward; reduce-scatter backward."""
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _collective("all_gather", "forward", x, group, dim)
+def _comm(kind: str, phase: str):
+    return lambda x, group, dim: _collective(kind, phase, x, group, dim)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _collective("reduce_scatter", "backward", grad, ctx.group, ctx.dim), None, None
+
+_CopyToTP = _operator("_CopyToTP", _identity, _comm("all_reduce", "backward"),
+                      "f: identity forward; all-reduce the gradient backward.")
+_ReduceFromTP = _operator("_ReduceFromTP", _comm("all_reduce", "forward"), _identity,
+                          "g: all-reduce forward; identity backward.")
+_GatherFromTP = _operator("_GatherFromTP", _comm("all_gather", "forward"), _split,
+                          "All-gather along dim forward; keep my slice of the gradient backward.")
+_SplitToTP = _operator("_SplitToTP", _split, _comm("all_gather", "backward"),
+                       "Keep my slice along dim forward; all-gather the gradient backward.")
+_ReduceScatterToSP = _operator("_ReduceScatterToSP", _comm("reduce_scatter", "forward"),
+                               _comm("all_gather", "backward"),
+                               "Sequence parallel g-bar: reduce-scatter forward; all-gather backward.")
+_AllGatherFromSP = _operator("_AllGatherFromSP", _comm("all_gather", "forward"),
+                             _comm("reduce_scatter", "backward"),
+                             "Sequence parallel g: all-gather forward; reduce-scatter backward.")
 
 
 def copy_to_tensor_parallel(x, group=None):
     """Megatron's f: identity forward, all-reduce backward."""
-    return x if _size(group) == 1 else _CopyToTP.apply(x, group)
+    return x if _size(group) == 1 else _CopyToTP.apply(x, group, -1)
 
 
 def reduce_from_tensor_parallel(x, group=None):
     """Megatron's g: all-reduce forward, identity backward."""
-    return x if _size(group) == 1 else _ReduceFromTP.apply(x, group)
+    return x if _size(group) == 1 else _ReduceFromTP.apply(x, group, -1)
 
 
 def gather_from_tensor_parallel(x, group=None, dim: int = -1):
