@@ -255,3 +255,17 @@ def test_cost_model_of_a_layer():
     assert costmodel.tp_block_comm(1, 8, 32, 1) == {"forward": {}, "backward": {}}
     with pytest.raises(ValueError, match="tp must be"):
         costmodel.tp_block_comm(1, 8, 32, 0)
+
+
+def _train_on_tp_axis(cfg, steps):
+    from lecture_lib.mesh import RankGrid
+    grid = RankGrid(dp=2, tp=2)              # ranks {0, 1} and {2, 3} each hold one model
+    return tp_lib.train_on_rank(cfg, steps, batch_size=4, optimizer="sgd", lr=LR["sgd"],
+                                sequence_parallel=True, group=grid.group("tp"))
+
+
+def test_layers_run_on_the_tp_axis_of_a_rank_grid(reference):
+    """group= : two tensor-parallel groups side by side, each equal to one process."""
+    results = lecture_lib.run(_train_on_tp_axis, 4, CFG, STEPS, timeout=120)
+    for got in results:
+        models.assert_same_training(got, reference["sgd"], rtol=RTOL, atol=ATOL)
