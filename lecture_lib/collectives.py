@@ -90,7 +90,7 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group)
 
 
 def _reduce_scatter_chunks(chunks: list[torch.Tensor], rank: int, size: int, ranks: list[int],
-                           group) -> None:
+                           group, trace=None) -> None:
     """Ring reduce-scatter in place: afterwards ``chunks[rank]`` holds the sum over the group."""
     right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
@@ -100,15 +100,19 @@ def _reduce_scatter_chunks(chunks: list[torch.Tensor], rank: int, size: int, ran
         incoming = scratch[:chunks[into].numel()]
         _exchange(chunks[out], right, incoming, left, group)
         chunks[into] += incoming
+        if trace is not None:
+            trace.append(("reduce-scatter", step, out, into, [c.clone() for c in chunks]))
 
 
 def _all_gather_chunks(chunks: list[torch.Tensor], rank: int, size: int, ranks: list[int],
-                       group) -> None:
+                       group, trace=None) -> None:
     """Ring all-gather in place: ``chunks[rank]`` is ours; afterwards every chunk is filled."""
     right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     for step in range(size - 1):
         out, into = (rank - step) % size, (rank - step - 1) % size
         _exchange(chunks[out], right, chunks[into], left, group)
+        if trace is not None:
+            trace.append(("all-gather", step, out, into, [c.clone() for c in chunks]))
 
 
 # ----------------------------------------------------------------------------
@@ -141,18 +145,23 @@ def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return out.view(shape)
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None,
+                    trace: list | None = None) -> torch.Tensor:
     """All-reduce ``tensor`` **in place** (like ``dist.all_reduce``) as ring reduce-scatter
-    followed by ring all-gather; returns ``tensor``."""
+    followed by ring all-gather; returns ``tensor``.
+
+    With a list as ``trace``, each step appends ``(phase, step, chunk sent, chunk
+    received, copies of every chunk after the step)``: what notebook 01 draws.
+    """
     rank, size, ranks = _ring(tensor, group, op)
     if size == 1:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
     chunks = list(flat.split(chunk_sizes(flat.numel(), size)))
-    _reduce_scatter_chunks(chunks, rank, size, ranks, group)
+    _reduce_scatter_chunks(chunks, rank, size, ranks, group, trace)
     if op == "avg":
         chunks[rank].div_(size)
-    _all_gather_chunks(chunks, rank, size, ranks, group)
+    _all_gather_chunks(chunks, rank, size, ranks, group, trace)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor
