@@ -1,4 +1,6 @@
 """lecture_lib.collectives: ring collectives from send/recv, equal to torch's, on any group."""
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,12 +14,20 @@ COLLECTIVES = ("all_reduce", "reduce", "all_gather", "broadcast", "reduce_scatte
                "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single")
 
 
-def _forbid_collectives():
+@contextmanager
+def _no_collectives():
+    """Make every torch collective raise, on this rank, inside the block (then restore:
+    the warm worker process serves later calls)."""
     def forbidden(*args, **kwargs):
         raise AssertionError("built from send/recv only: no collective allowed")
-    for name in COLLECTIVES:               # this rank only: patched for the rest of this call
-        if hasattr(dist, name):
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    try:
+        for name in saved:
             setattr(dist, name, forbidden)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
 
 
 def _data(n, rank, dtype=torch.float32):
@@ -38,21 +48,21 @@ def _everything_on_rank(group_ranks=None):
         expected[n] = t
     gathered_ref = torch.empty(p * 2, 3)
     dist.all_gather_into_tensor(gathered_ref, torch.full((2, 3), float(rank)), group=group)
-    _forbid_collectives()
-    out = {}
-    for n in SIZES:
-        x = _data(n, rank)
-        before = x.clone()
-        out[("ring_sum", n)] = C.ring_all_reduce(x.clone(), group=group)
-        out[("ring_avg", n)] = C.ring_all_reduce(x.clone(), "avg", group=group)
-        out[("naive_sum", n)] = C.naive_all_reduce(x.clone(), group=group, root=p - 1)
-        out[("naive_avg", n)] = C.naive_all_reduce(x.clone(), "avg", group=group)
-        out[("rs_sum", n)] = C.ring_reduce_scatter(x, group=group)
-        out[("rs_avg", n)] = C.ring_reduce_scatter(x, "avg", group=group)
-        out[("unchanged", n)] = torch.equal(x, before)
-    out["non_contiguous"] = C.ring_all_reduce(_data(12, rank).view(3, 4).t(), group=group)
-    out["gather"] = C.ring_all_gather(torch.full((2, 3), float(rank)), group=group)
-    out["a2a"] = C.all_to_all([torch.full((2,), 10.0 * rank + j) for j in range(p)], group=group)
+    with _no_collectives():
+        out = {}
+        for n in SIZES:
+            x = _data(n, rank)
+            before = x.clone()
+            out[("ring_sum", n)] = C.ring_all_reduce(x.clone(), group=group)
+            out[("ring_avg", n)] = C.ring_all_reduce(x.clone(), "avg", group=group)
+            out[("naive_sum", n)] = C.naive_all_reduce(x.clone(), group=group, root=p - 1)
+            out[("naive_avg", n)] = C.naive_all_reduce(x.clone(), "avg", group=group)
+            out[("rs_sum", n)] = C.ring_reduce_scatter(x, group=group)
+            out[("rs_avg", n)] = C.ring_reduce_scatter(x, "avg", group=group)
+            out[("unchanged", n)] = torch.equal(x, before)
+        out["non_contiguous"] = C.ring_all_reduce(_data(12, rank).view(3, 4).t(), group=group)
+        out["gather"] = C.ring_all_gather(torch.full((2, 3), float(rank)), group=group)
+        out["a2a"] = C.all_to_all([torch.full((2,), 10.0 * rank + j) for j in range(p)], group=group)
     return {"got": out, "all_reduce": expected, "all_gather": gathered_ref, "rank": rank, "p": p}
 
 
@@ -80,7 +90,7 @@ def test_equal_to_torch_on_subgroups():
         _check(result)
 
 
-@pytest.mark.parametrize("world_size", [5, 8, 4, 3, 2, 1]  # order: reuse warm pools)
+@pytest.mark.parametrize("world_size", [5, 8, 4, 3, 2, 1])  # this order reuses warm pools
 def test_equal_to_torch_on_the_default_group(world_size):
     for result in lecture_lib.run(_everything_on_rank, world_size, timeout=120):
         _check(result)
@@ -134,19 +144,27 @@ def test_bandwidth_sweep_arguments_are_checked():
 
 
 def _sweep_on_rank():
-    return C.bandwidth_sweep([4096, 1 << 16, 1 << 18], impls=("torch", "ring"), repeats=2)
+    return C.bandwidth_sweep([4096, 1 << 18], impls=("torch", "ring"), repeats=2)
 
 
 def test_bandwidth_sweep_reports_nccl_tests_definitions_and_fits():
     rows = lecture_lib.run(_sweep_on_rank, 4, timeout=120)[0]
-    assert len(rows) == 3 * 3 * 2
+    assert len(rows) == 3 * 2 * 2
     for row in rows:
         assert row["world_size"] == 4 and row["seconds"] > 0
         assert row["bytes"] % 16 == 0                  # whole float32 elements per rank
         assert row["algbw"] == pytest.approx(row["bytes"] / row["seconds"])
         factor = 2 * 3 / 4 if row["kind"] == "all_reduce" else 3 / 4
         assert row["busbw"] == pytest.approx(row["algbw"] * factor)
+    assert {(r["kind"], r["impl"]) for r in rows} == {(k, i) for k in C.KINDS
+                                                       for i in ("torch", "ring")}
+
+
+def test_fit_sweep_recovers_alpha_and_beta_per_collective():
+    truth = {("all_reduce", "ring", 4): (2e-3, 1e8), ("all_gather", "torch", 2): (5e-4, 3e8)}
+    rows = [{"kind": k, "impl": i, "world_size": p, "bytes": n, "seconds": a + n / b}
+            for (k, i, p), (a, b) in truth.items() for n in (1024, 1 << 16, 1 << 22)]
     fits = C.fit_sweep(rows)
-    assert set(fits) == {(k, i, 4) for k in C.KINDS for i in ("torch", "ring")}
-    for alpha, beta in fits.values():
-        assert alpha >= 0 and beta > 0
+    assert fits.keys() == truth.keys()
+    for key, (alpha, beta) in truth.items():
+        assert fits[key] == pytest.approx((alpha, beta), rel=1e-6)

@@ -17,10 +17,14 @@ COLLECTIVES = ("all_reduce", "reduce", "all_gather", "broadcast", "reduce_scatte
 def _on_rank(numels):
     def forbidden(*args, **kwargs):
         raise AssertionError("use send/recv only, not a collective")
-    for name in COLLECTIVES:                     # this rank only: its call ends with fn
-        if hasattr(dist, name):
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    try:                                         # this rank, this call only: the warm
+        for name in saved:                       # worker process serves later calls
             setattr(dist, name, forbidden)
-    return [_one_size(n) for n in numels]
+        return [_one_size(n) for n in numels]
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
 
 
 def _one_size(numel):

@@ -27,22 +27,24 @@ def _train_on_rank(bucket_size_mb):
         return real_all_reduce(tensor, *args, **kwargs)
 
     ddp = ex.BucketedDDP(model, bucket_size_mb)
-    dist.all_reduce = recording_all_reduce
-    opt = make_optimizer(model.parameters(), "sgd", LR)
-    losses, launched_in_backward = [], []
-    for step in range(STEPS):
-        x, y = shard(DATA.batch(step, BATCH), rank, world)
-        opt.zero_grad(set_to_none=True)
-        loss = ddp(x, y)
-        calls.clear()
-        loss.backward()
-        launched_in_backward.append(list(calls))
-        ddp.finish_gradient_synchronization()
-        opt.step()
-        total = loss.detach().clone()
-        real_all_reduce(total)
-        losses.append(total.item() / world)
-    dist.all_reduce = real_all_reduce
+    dist.all_reduce = recording_all_reduce      # restored below: the worker serves later calls
+    try:
+        opt = make_optimizer(model.parameters(), "sgd", LR)
+        losses, launched_in_backward = [], []
+        for step in range(STEPS):
+            x, y = shard(DATA.batch(step, BATCH), rank, world)
+            opt.zero_grad(set_to_none=True)
+            loss = ddp(x, y)
+            calls.clear()
+            loss.backward()
+            launched_in_backward.append(list(calls))
+            ddp.finish_gradient_synchronization()
+            opt.step()
+            total = loss.detach().clone()
+            real_all_reduce(total)
+            losses.append(total.item() / world)
+    finally:
+        dist.all_reduce = real_all_reduce
     return {"result": TrainResult(losses, {k: v.detach().clone()
                                            for k, v in model.named_parameters()}),
             "launched": launched_in_backward, "buckets": len(ddp.buckets)}
