@@ -9,10 +9,10 @@ from .comm import (INFINIBAND_NDR, NVLINK_H100, Link, bus_factor, collective_tim
 
 __all__ = ["Link", "NVLINK_H100", "INFINIBAND_NDR", "bus_factor", "collective_time",
            "fit_alpha_beta"]
-from .memory import (PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
+from .memory import (GB, PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
                      memory_per_device, min_devices_for_states, model_state_breakdown,
                      model_state_bytes)
 
 __all__ += ["model_state_bytes", "model_state_breakdown", "activation_bytes_per_layer",
             "memory_per_device", "min_devices_for_states", "TransformerShape", "PRESETS",
-            "check_zero_stage"]
+            "check_zero_stage", "GB"]
