@@ -32,6 +32,7 @@ layers, i.e. ``L`` layers' worth whatever ``pp`` is (the paper, section 4.2).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -40,7 +41,7 @@ GB = 1e9
 
 
 def _check_size(name: str, value, minimum: float = 1, integer: bool = True) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
     if integer and value != int(value):
         raise ValueError(f"{name} must be a whole number, not {value!r}")
