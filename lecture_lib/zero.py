@@ -15,7 +15,8 @@ ranks instead, rank r owning the r-th 1/N of every parameter:
 * **Stage 3** (:class:`FullyShardedModel`): parameters are sharded too. A
   unit (one transformer block; the rest of the model is the root unit)
   all-gathers its parameters just before its forward and again just before
-  its backward, and frees them after each; gradients are reduce-scattered.
+  its backward, and frees them after each; once all of a unit's gradients
+  are in, one reduce-scatter leaves each rank its shard of them.
   Torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) is the production
   version; :func:`fsdp2_side_by_side` measures both in one run.
 
@@ -241,6 +242,7 @@ class FullyShardedModel(nn.Module):
         self._shapes = {p: p.shape for p in module.parameters()}   # p itself is emptied
         self._units: list[_Unit] = []
         self.gathered_bytes = self.peak_gathered_bytes = 0
+        self._callback_queued = False
         seen = set()
         for i, sub in enumerate(units):
             params = [(self._names[p], p) for p in sub.parameters() if p not in seen]
@@ -259,7 +261,7 @@ class FullyShardedModel(nn.Module):
                                            requires_grad=p.requires_grad)
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(
-                    lambda p, unit=unit: self._reduce_scatter_grad(p, unit))
+                    lambda p, unit=unit: self._grad_ready(p, unit))
         self._free(unit)
         sub.register_forward_pre_hook(lambda m, args, unit=unit: self._gather(unit))
         sub.register_forward_hook(lambda m, args, out, unit=unit: self._after_forward(unit, out))
@@ -303,22 +305,48 @@ class FullyShardedModel(nn.Module):
         hooked = False
         for t in outputs:
             if t.requires_grad and not hooked:    # just before this unit's backward: gather again
-                t.register_hook(lambda g, unit=unit: (self._gather(unit), g)[1])
+                t.register_hook(lambda g, unit=unit: self._before_backward(unit, g))
                 hooked = True
         self._free(unit)
 
-    def _reduce_scatter_grad(self, p: nn.Parameter, unit: _Unit) -> None:
-        piece = self._shards[p]
-        chunk = piece.numel()
-        flat = F.pad(p.grad.reshape(-1), (0, chunk * self.world_size - p.grad.numel()))
-        out = torch.empty(chunk, dtype=p.grad.dtype, device=p.grad.device)
-        _reduce_scatter(out, flat, group=self.group)
-        out.div_(self.world_size)
-        piece.grad = out if piece.grad is None else piece.grad.add_(out)
-        p.grad = None
+    def _before_backward(self, unit: _Unit, grad):
+        self._gather(unit)
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._callback_queued = True
+        return grad
+
+    def _grad_ready(self, p: nn.Parameter, unit: _Unit) -> None:
         unit.pending -= 1
-        if unit.pending == 0:                     # every gradient of the unit is out: free it
-            self._free(unit)
+        if unit.pending == 0:                     # every gradient of the unit is in
+            self._reduce_scatter_unit(unit)
+
+    def _reduce_scatter_unit(self, unit: _Unit) -> None:
+        """One reduce-scatter for the unit's gradients; keep our shard, free the rest."""
+        with_grad = [p for _, p in unit.params if p.grad is not None]
+        if with_grad:
+            pieces = [self._shards[p] for p in with_grad]
+            rows = [F.pad(p.grad.reshape(-1), (0, piece.numel() * self.world_size - p.grad.numel()))
+                    .view(self.world_size, piece.numel()) for p, piece in zip(with_grad, pieces)]
+            stacked = torch.cat(rows, dim=1).reshape(-1)      # rank r's chunks side by side
+            out = torch.empty(stacked.numel() // self.world_size, dtype=stacked.dtype,
+                              device=stacked.device)
+            _reduce_scatter(out, stacked, group=self.group)
+            out.div_(self.world_size)
+            offset = 0
+            for p, piece in zip(with_grad, pieces):
+                g = out[offset:offset + piece.numel()]
+                piece.grad = g.clone() if piece.grad is None else piece.grad.add_(g)
+                offset += piece.numel()
+                p.grad = None
+        self._free(unit)
+
+    def _end_of_backward(self) -> None:
+        """Units whose gradients did not all arrive (unused parameters): finish them now."""
+        self._callback_queued = False
+        for unit in self._units:
+            if unit.gathered:
+                self._reduce_scatter_unit(unit)
 
     # -- the module -------------------------------------------------------------
 
