@@ -168,5 +168,5 @@ def _too_few_elements():
 
 def test_more_ranks_than_elements_is_a_clear_error():
     with pytest.raises(lecture_lib.RankError,
-                       match=r"raised ValueError: more ranks \(4\) than parameter elements \(2\)"):
+                       match=r"raised ValueError: more ranks \(4\) than parameter elements to shard \(2\)"):
         lecture_lib.run(_too_few_elements, 4, timeout=60)
