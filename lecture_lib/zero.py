@@ -408,22 +408,10 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     return held
 
 
-def train_sharded(model: nn.Module, stage: int, batches, steps: int, lr: float = 1e-2,
-                  group=None) -> dict:
-    """Rank function: train ``model`` with ZeRO ``stage`` on this rank's share of each batch.
-
-    ``batches(step) -> (x, y)`` gives the *global* batch (the same on every
-    rank); each rank trains on its slice. Returns ``result`` (a
-    :class:`~lecture_lib.models.TrainResult` with the global mean losses and the
-    full parameters, comparable with :func:`~lecture_lib.models.train_reference`),
-    ``held`` (:func:`held_bytes` after the last step, before ``zero_grad``) and
-    ``step_seconds``. AdamW with weight decay 0.01, as ``models.make_optimizer``.
-    """
+def _data_parallel_steps(model, opt, batches, steps: int, held_fn, group=None):
+    """The training loop both ZeRO and FSDP2 run: this rank's slice, global mean loss, timing."""
     rank, world = _group_info(group)
     dev = device()
-    model = model.to(dev)
-    model, opt = shard_model(model, stage, torch.optim.AdamW, group=group, lr=lr,
-                             weight_decay=0.01)
     losses, seconds, held = [], [], None
     for step in range(steps):
         x, y = (t.to(dev) for t in shard(batches(step), rank, world))
@@ -437,7 +425,26 @@ def train_sharded(model: nn.Module, stage: int, batches, steps: int, lr: float =
         dist.all_reduce(total, group=group)
         losses.append(total.item() / world)
         if step == steps - 1:
-            held = held_bytes(model, opt)
+            held = held_fn()
+    return losses, seconds, held
+
+
+def train_sharded(model: nn.Module, stage: int, batches, steps: int, lr: float = 1e-2,
+                  group=None) -> dict:
+    """Rank function: train ``model`` with ZeRO ``stage`` on this rank's share of each batch.
+
+    ``batches(step) -> (x, y)`` gives the *global* batch (the same on every
+    rank); each rank trains on its slice. Returns ``result`` (a
+    :class:`~lecture_lib.models.TrainResult` with the global mean losses and the
+    full parameters, comparable with :func:`~lecture_lib.models.train_reference`),
+    ``held`` (:func:`held_bytes` after the last step, before ``zero_grad``) and
+    ``step_seconds``. AdamW with weight decay 0.01, as ``models.make_optimizer``.
+    """
+    _group_info(group)
+    model, opt = shard_model(model.to(device()), stage, torch.optim.AdamW, group=group, lr=lr,
+                             weight_decay=0.01)
+    losses, seconds, held = _data_parallel_steps(model, opt, batches, steps,
+                                                 lambda: held_bytes(model, opt), group)
     if isinstance(model, FullyShardedModel):
         params = model.full_parameters()
     else:
@@ -456,7 +463,6 @@ def fsdp2_side_by_side(make_model, batches, steps: int, lr: float = 1e-2, group=
     """
     from torch.distributed.fsdp import fully_shard
     out = {"ours": train_sharded(make_model(), 3, batches, steps, lr, group)}
-    rank, world = _group_info(group)
     dev = device()
     mesh = None
     if group is not None:
@@ -467,30 +473,20 @@ def fsdp2_side_by_side(make_model, batches, steps: int, lr: float = 1e-2, group=
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    losses, seconds, held = [], [], None
 
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
 
-    for step in range(steps):
-        x, y = (t.to(dev) for t in shard(batches(step), rank, world))
-        with wall_time(dev) as t:
-            opt.zero_grad(set_to_none=True)
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-        seconds.append(t.seconds)
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=group)
-        losses.append(total.item() / world)
-        if step == steps - 1:
-            params = list(model.parameters())
-            held = {"params": tensor_bytes(local(p) for p in params),
-                    "grads": tensor_bytes(local(p.grad) if p.grad is not None else None
-                                          for p in params),
-                    "optimizer": tensor_bytes(local(v) for s in opt.state.values()
-                                              for v in s.values() if isinstance(v, torch.Tensor))}
+    def held():
+        params = list(model.parameters())
+        return {"params": tensor_bytes(local(p) for p in params),
+                "grads": tensor_bytes(local(p.grad) if p.grad is not None else None
+                                      for p in params),
+                "optimizer": tensor_bytes(local(v) for s in opt.state.values()
+                                          for v in s.values() if isinstance(v, torch.Tensor))}
+
+    losses, seconds, held_now = _data_parallel_steps(model, opt, batches, steps, held, group)
     full = {n: local(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for n, p in model.named_parameters()}
-    out["fsdp2"] = {"result": TrainResult(losses, full), "held": held, "step_seconds": seconds}
+    out["fsdp2"] = {"result": TrainResult(losses, full), "held": held_now, "step_seconds": seconds}
     return out
