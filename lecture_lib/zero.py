@@ -201,6 +201,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
         self.inner.zero_grad(set_to_none)
 
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state (the wrapped optimizer's state dict)."""
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict)
+
     def shard_grad_bytes(self) -> int:
         """Bytes of shard gradients this rank holds (ZeRO-2 keeps them between backward and step)."""
         return tensor_bytes(piece.grad for piece in self._shard_of.values())
