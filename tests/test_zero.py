@@ -18,8 +18,7 @@ import torch.distributed as dist
 import lecture_lib
 from lecture_lib import zero
 from lecture_lib.costmodel import model_state_breakdown
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, TrainResult, assert_same_training,
-                                train_reference)
+from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 CFG = GPTConfig(n_layers=2)
 DATA = MarkovText()

@@ -1,7 +1,6 @@
 """ex03: the ZeRO-1 sharded optimizer. Run against solutions/ by default;
 the grader points LECTURE_EXERCISE_PATH at a student's file."""
 import torch
-import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib.grading import load_exercise
