@@ -1,0 +1,39 @@
+# Generated from solutions/ex03_zero1_optimizer.py by `python -m lecture_lib.exercises`.
+# Students: fill in every NotImplementedError below, then check your work with
+#   python -m lecture_lib.grade exercises/ex03_zero1_optimizer.py
+"""Exercise 03: ZeRO-1, a sharded optimizer (the interface of Stanford CS336 assignment 2).
+
+Write ``ShardedOptimizer(params, optimizer_cls, **kwargs)``, a
+``torch.optim.Optimizer`` that keeps optimizer state only for this rank's
+share of the parameters:
+
+* ``param_groups`` hold *every* parameter (so ``zero_grad`` reaches them all);
+* parameters are owned one by one, round-robin in the order they are added
+  (parameter i belongs to rank ``i % world_size``); the wrapped optimizer
+  ``optimizer_cls(owned, **kwargs)`` sees only this rank's parameters, so
+  only they get Adam moments;
+* ``step()`` steps the owned parameters, then every parameter is broadcast
+  from its owner, so each rank ends with all updated parameters;
+* ``add_param_group`` works during training too (new parameters continue the
+  round-robin; give the wrapped optimizer the owned ones, with the group's
+  hyper-parameters).
+
+Gradients arrive already averaged over the ranks (DDP's job), so ``step``
+does no gradient communication. This is a simpler cut than
+``lecture_lib.zero.ShardedOptimizer``, which slices every parameter into N
+equal pieces: here a rank's share depends on how the sizes fall.
+"""
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        raise NotImplementedError("ex03: your code here")
+
+    def add_param_group(self, param_group):
+        raise NotImplementedError("ex03: your code here")
+
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        raise NotImplementedError("ex03: your code here")

@@ -1,0 +1,66 @@
+"""Exercise 03: ZeRO-1, a sharded optimizer (the interface of Stanford CS336 assignment 2).
+
+Write ``ShardedOptimizer(params, optimizer_cls, **kwargs)``, a
+``torch.optim.Optimizer`` that keeps optimizer state only for this rank's
+share of the parameters:
+
+* ``param_groups`` hold *every* parameter (so ``zero_grad`` reaches them all);
+* parameters are owned one by one, round-robin in the order they are added
+  (parameter i belongs to rank ``i % world_size``); the wrapped optimizer
+  ``optimizer_cls(owned, **kwargs)`` sees only this rank's parameters, so
+  only they get Adam moments;
+* ``step()`` steps the owned parameters, then every parameter is broadcast
+  from its owner, so each rank ends with all updated parameters;
+* ``add_param_group`` works during training too (new parameters continue the
+  round-robin; give the wrapped optimizer the owned ones, with the group's
+  hyper-parameters).
+
+Gradients arrive already averaged over the ranks (DDP's job), so ``step``
+does no gradient communication. This is a simpler cut than
+``lecture_lib.zero.ShardedOptimizer``, which slices every parameter into N
+equal pieces: here a rank's share depends on how the sizes fall.
+"""
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        # BEGIN SOLUTION
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.optimizer_cls, self.kwargs = optimizer_cls, kwargs
+        self.owner = {}            # parameter -> rank that steps it
+        self.inner = None
+        super().__init__(params, kwargs)
+        # END SOLUTION
+
+    def add_param_group(self, param_group):
+        # BEGIN SOLUTION
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        mine = []
+        for p in group["params"]:
+            self.owner[p] = len(self.owner) % self.world_size
+            if self.owner[p] == self.rank:
+                mine.append(p)
+        inner_group = {k: v for k, v in group.items() if k != "params"}
+        inner_group["params"] = mine
+        if self.inner is None:
+            self.inner = self.optimizer_cls([inner_group], **self.kwargs)
+            self.state = self.inner.state
+        else:
+            self.inner.add_param_group(inner_group)
+        # END SOLUTION
+
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        # BEGIN SOLUTION
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.inner.step(**kwargs)
+        for p, owner in self.owner.items():
+            dist.broadcast(p.data, src=owner)
+        return loss
+        # END SOLUTION

@@ -1,0 +1,52 @@
+"""ex04: the per-device memory formula, against the ZeRO paper, Korthikanti et al.
+and lecture_lib.costmodel."""
+import pytest
+
+from lecture_lib import costmodel
+from lecture_lib.grading import load_exercise
+
+ex = load_exercise("ex04")
+POINTS = 10
+GPT3 = dict(num_params=175e9, layers=96, hidden=12288, heads=96, seq_len=2048, micro_batch=1)
+
+
+def _states(m):
+    return m["params"] + m["grads"] + m["optimizer"]
+
+
+def test_zero_paper_figure_1():
+    got = [_states(ex.memory_per_device(7.5e9, 32, 4096, 32, 1024, 1, dp=64, zero_stage=s)) / 1e9
+           for s in range(4)]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(tp=8), dict(tp=8, pp=8), dict(dp=16, zero_stage=1), dict(dp=8, zero_stage=3, tp=4),
+    dict(tp=8, recompute="selective"), dict(recompute="full", pp=4), dict(micro_batch=4, tp=2),
+])
+def test_agrees_with_the_library(kw):
+    kw = {**GPT3, **kw}
+    got = ex.memory_per_device(**kw)
+    shape = costmodel.TransformerShape("GPT-3", kw["layers"], kw["hidden"], kw["heads"], 50257,
+                                       kw["seq_len"], kw["num_params"])
+    want = costmodel.memory_per_device(
+        shape, dp=kw.get("dp", 1), tp=kw.get("tp", 1), pp=kw.get("pp", 1),
+        zero_stage=kw.get("zero_stage", 0), micro_batch=kw["micro_batch"],
+        recompute=kw.get("recompute", "none"))
+    for kind in ("params", "grads", "optimizer", "activations", "total"):
+        assert got[kind] == pytest.approx(want[kind], rel=1e-9), kind
+
+
+def test_gpt3_activations_per_layer():
+    # Korthikanti et al. 2022: for GPT-3, 5as/h = 80, larger than the 34 of everything else
+    one_layer = dict(GPT3, layers=1)
+    sbh = 2048 * 12288
+    assert ex.memory_per_device(**one_layer)["activations"] == pytest.approx(sbh * 114)
+    assert ex.memory_per_device(**one_layer, recompute="full")["activations"] == 2 * sbh
+
+
+@pytest.mark.parametrize("bad", [dict(zero_stage=4), dict(recompute="half"), dict(dp=0),
+                                 dict(hidden=-1)])
+def test_bad_input(bad):
+    with pytest.raises(ValueError):
+        ex.memory_per_device(**{**GPT3, **bad})
