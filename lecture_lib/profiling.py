@@ -1,0 +1,408 @@
+"""Profiling distributed training: where does a step's time go, on every rank?
+
+The idea
+--------
+A slow distributed job is slow for one of a few reasons, and a profiler
+trace tells them apart (PyTorch profiler recipe, "Profiling your PyTorch
+module"; HTA, "Holistic Trace Analysis", Meta 2023; the Ultra-Scale
+Playbook's profiling chapter):
+
+* **communication** takes a large share of the step (look at all-reduce
+  efficiency: message sizes, bucketing, overlap with the backward pass);
+* the **device is idle** much of the step (the batch is too small to keep it
+  busy, the host cannot launch work fast enough, or a pipeline has bubbles).
+
+:func:`profile_steps` runs a training step under ``torch.profiler`` with its
+*wait / warm-up / active* schedule (the first steps are skipped, the next
+warm the profiler up, the last are recorded), writes one Chrome trace per
+rank (open it in https://ui.perfetto.dev or chrome://tracing) and reduces
+the trace to a few numbers. :func:`profile_run` does this on N ranks.
+
+Which events count as what:
+
+* **communication**: on a GPU the NCCL kernels (``ncclDevKernel_AllReduce...``)
+  on the device timeline; on the CPU (gloo) the collective as gloo executes it
+  (``gloo:all_reduce``, ``gloo:send``...), plus the ``c10d::`` calls that
+  block the training thread.
+* **busy**: on a GPU any kernel or copy on the device; on the CPU any
+  operator (``cpu_op``) on any thread. The rest of a step is idle time:
+  Python between operators, or waiting.
+
+Shares are the length of the *union* of those intervals over the recorded
+steps, divided by the recorded steps' length, so nested and overlapping events
+are counted once. The communication share from the trace is cross-checked
+with :class:`lecture_lib.metrics.Timer` phases when the step times its own
+communication (:attr:`RankProfile.timer_comm_share`).
+
+:func:`diagnose` applies the lecture's rules of thumb to those measured
+shares; :func:`timeline` turns a trace into spans for
+:func:`lecture_lib.plots.plot_timeline`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .metrics import Timer
+
+# Names of communication events: NCCL kernels, gloo's executions, c10d calls.
+COMM_PATTERN = re.compile(
+    r"nccl|gloo:|c10d::|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|"
+    r"\bsend\b|\brecv\b|barrier", re.IGNORECASE)
+
+# After a blocking collective ends, the training thread's next operator within this many
+# seconds counts as the moment it resumed (the wait and the wake-up are not trace events).
+_RESUME_SLACK = 0.05
+
+# The rules of thumb of the lecture ("common problems and debugging").
+COMM_SHARE_LIMIT = 0.30
+BUSY_SHARE_LIMIT = 0.70
+
+
+@dataclass
+class Event:
+    """One complete event of a trace; times in seconds from the first recorded step."""
+    name: str
+    kind: str          # "comm", "compute" or "step"
+    start: float
+    end: float
+    thread: str
+    device: bool = False    # a GPU kernel or copy (device timeline) rather than a CPU event
+
+
+@dataclass
+class RankProfile:
+    """What :func:`profile_steps` measured on one rank."""
+    rank: int
+    steps: list[tuple[float, float]]          # the recorded (active) steps, seconds
+    events: list[Event]
+    comm_share: float                         # from the trace
+    busy_share: float                         # from the trace
+    table: str                                # torch.profiler's key_averages table
+    trace_path: str | None = None
+    timer_totals: dict = field(default_factory=dict)   # metrics.Timer over the same steps
+    timer_spans: list = field(default_factory=list)    # its (phase, start, end) spans
+
+    @property
+    def step_seconds(self) -> float:
+        """Mean length of a recorded step."""
+        return sum(e - s for s, e in self.steps) / len(self.steps)
+
+    @property
+    def timer_comm_share(self) -> float | None:
+        """Seconds in the timer's "comm" phase over the recorded steps' length (None if untimed).
+
+        The trace's :attr:`comm_share` counts the collectives while they execute;
+        the timer counts the training thread's whole communication phase, launches
+        and wake-ups included. With a few large messages the two agree; with many
+        small ones the timer sees the per-message overhead the trace does not.
+        """
+        if "comm" not in self.timer_totals:
+            return None
+        return self.timer_totals["comm"] / sum(e - s for s, e in self.steps)
+
+    def step_comm_shares(self) -> list[tuple[float, float | None]]:
+        """Per recorded step: ``(comm share from the trace, comm share from the timer)``.
+
+        The timer's "comm" spans are split evenly over the steps (the step must
+        enter ``timer("comm")`` the same number of times in every step), else the
+        timer's entry is None. The median over steps resists one step that the
+        operating system happened to preempt.
+        """
+        comm = comm_intervals(self.events)
+        spans = [e - s for phase, s, e in self.timer_spans if phase == "comm"]
+        per = len(spans) // len(self.steps) if len(spans) % len(self.steps) == 0 else 0
+        out = []
+        for k, (s, e) in enumerate(self.steps):
+            timed = sum(spans[k * per:(k + 1) * per]) / (e - s) if per else None
+            out.append((covered(comm, [(s, e)]) / (e - s), timed))
+        return out
+
+
+# ----------------------------------------------------------------------------
+# Reading a trace
+# ----------------------------------------------------------------------------
+
+def classify(name: str, category: str | None = None) -> str | None:
+    """'step', 'comm', 'compute' or None (an event that is neither work nor a step)."""
+    if name.startswith("ProfilerStep#"):
+        return "step"
+    if COMM_PATTERN.search(name):
+        return "comm"
+    if category in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset"):
+        return "compute"
+    return None
+
+
+def read_trace(trace) -> tuple[list[Event], list[tuple[float, float]]]:
+    """Events and recorded steps of a Chrome trace (a path or the parsed JSON).
+
+    Times become seconds from the start of the first recorded step. Works on any
+    trace ``torch.profiler`` exports, on CPU or GPU.
+    """
+    if isinstance(trace, (str, os.PathLike)):
+        with open(trace) as f:
+            trace = json.load(f)
+    raw = trace["traceEvents"] if isinstance(trace, dict) else trace
+    picked = []
+    for e in raw:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        kind = classify(e["name"], e.get("cat"))
+        if kind is not None:
+            device = e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+            picked.append((e["name"], kind, float(e["ts"]), float(e["ts"]) + float(e["dur"]),
+                           str(e.get("tid")), device))
+    steps = sorted((s, t) for _, kind, s, t, _, _ in picked if kind == "step")
+    if not steps:
+        raise ValueError("the trace holds no ProfilerStep# events: profile with a schedule "
+                         "and call prof.step() after every training step")
+    t0 = steps[0][0]
+    events = [Event(n, k, (s - t0) * 1e-6, (t - t0) * 1e-6, th, d)
+              for n, k, s, t, th, d in picked if k != "step"]
+    return events, [((s - t0) * 1e-6, (t - t0) * 1e-6) for s, t in steps]
+
+
+def merge(intervals, gap: float = 0.0) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals, joining those less than ``gap`` apart."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def covered(intervals, windows) -> float:
+    """Seconds of ``windows`` covered by the union of ``intervals``."""
+    union, total = merge(intervals), 0.0
+    for ws, we in windows:
+        for s, e in union:
+            total += max(0.0, min(e, we) - max(s, ws))
+    return total
+
+
+def shares(events: list[Event], steps) -> tuple[float, float]:
+    """``(comm_share, busy_share)`` of the recorded steps, from the trace's events.
+
+    When the trace holds device (GPU) events, both are read on the device timeline
+    (collective kernels against all kernels); otherwise on the CPU events.
+    """
+    span = sum(e - s for s, e in steps)
+    if span <= 0:
+        raise ValueError("the recorded steps have no length")
+    on_device = any(e.device for e in events)
+    work = [(e.start, e.end) for e in events if e.device == on_device]
+    comm = covered(comm_intervals(events), steps)
+    busy = covered(work + comm_intervals(events), steps)
+    return comm / span, busy / span
+
+
+def comm_intervals(events: list[Event]) -> list[tuple[float, float]]:
+    """When communication is in flight, as ``(start, end)`` intervals.
+
+    On a GPU: the collective kernels. On the CPU, gloo runs a collective on its
+    own thread (``gloo:all_reduce``) after the training thread hands it over
+    (``c10d::allreduce_``); the collective is in flight from the hand-over to the
+    end of gloo's execution, so the i-th ``c10d::`` call is joined to the i-th
+    ``gloo:`` execution (they run in the order issued). When the counts differ
+    (a trace cut mid-collective), each event counts on its own.
+    """
+    if any(e.device for e in events):
+        return [(e.start, e.end) for e in events if e.device and e.kind == "comm"]
+    handovers = [e for e in events if e.name.startswith("c10d::")]
+    calls = sorted((e.start, e.end) for e in handovers)
+    runs = sorted((e.start, e.end) for e in events if e.name.startswith("gloo:"))
+    other = [(e.start, e.end) for e in events if e.kind == "comm"
+             and not e.name.startswith(("c10d::", "gloo:"))]
+    if len(calls) != len(runs):
+        return calls + runs + other
+    # A blocking collective holds the training thread until it resumes: its next
+    # operator starts no earlier than the collective's end (the wait itself is not
+    # an event). An asynchronous one (DDP) lets the thread go on at once.
+    threads = {e.thread for e in handovers}
+    starts = sorted(e.start for e in events if e.thread in threads and e.kind == "compute")
+    joined = []
+    for (c0, c1), (_, r1) in zip(calls, runs):
+        resume = next((t for t in starts if t >= c1), r1)
+        joined.append((c0, max(c1, r1, resume if resume <= r1 + _RESUME_SLACK else r1)))
+    return joined + other
+
+
+# ----------------------------------------------------------------------------
+# Profiling a step
+# ----------------------------------------------------------------------------
+
+def _check_schedule(wait: int, warmup: int, active: int) -> None:
+    for name, value in (("wait", wait), ("warmup", warmup), ("active", active)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
+    if active < 1:
+        raise ValueError(f"active must be >= 1 (the steps that are recorded), not {active}")
+
+
+@contextmanager
+def _without_kineto_banner():
+    """Drop the profiler library's "USDT: profiler_start/stop" lines from stderr.
+
+    Everything else written to stderr inside the block is passed on at its end.
+    """
+    import sys
+    import tempfile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True)
+                    if not ln.startswith("USDT:")]
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+
+
+def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3,
+                  trace_dir: str | None = None, timer: Timer | None = None,
+                  row_limit: int = 12) -> RankProfile:
+    """Run ``step(i)`` for ``wait + warmup + active`` steps under ``torch.profiler``.
+
+    Call it inside a rank function. ``timer``, when the step times its phases
+    with it, is reset before the first recorded step so its totals cover the same
+    steps as the trace. With ``trace_dir`` the trace is written to
+    ``trace_dir/rank<r>.json``.
+    """
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+    _check_schedule(wait, warmup, active)
+    if not callable(step):
+        raise TypeError(f"step must be callable, not {type(step).__name__}")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        activities.append(ProfilerActivity.CUDA)
+    with _without_kineto_banner(), profile(
+            activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
+            on_trace_ready=lambda p: None) as prof:
+        for i in range(wait + warmup + active):
+            if timer is not None and i == wait + warmup:
+                timer.reset()
+            step(i)
+            prof.step()
+    path = None
+    if trace_dir is not None:
+        os.makedirs(trace_dir, exist_ok=True)
+        path = os.path.join(trace_dir, f"rank{rank}.json")
+    else:
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(prefix="lecture_trace_"), f"rank{rank}.json")
+    prof.export_chrome_trace(path)
+    events, steps = read_trace(path)
+    if trace_dir is None:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+        path = None
+    comm, busy = shares(events, steps)
+    sort_by = "self_cuda_time_total" if len(activities) > 1 else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+    return RankProfile(rank, steps, events, comm, busy, table, path,
+                       dict(timer.totals) if timer is not None else {},
+                       list(timer.spans) if timer is not None else [])
+
+
+def profile_run(make_step, world_size: int, *args, wait: int = 1, warmup: int = 1,
+                active: int = 3, trace_dir: str | None = None, timeout: float = 120,
+                **kwargs) -> list[RankProfile]:
+    """Profile a step on ``world_size`` ranks; one :class:`RankProfile` per rank.
+
+    ``make_step(timer, *args, **kwargs)`` runs on every rank, builds the model and
+    returns ``step(i)``; the step may time its phases with ``timer`` (a
+    :class:`lecture_lib.metrics.Timer` on the rank's device), e.g. ``with
+    timer("comm"): ...``, for the cross-check with the trace.
+    """
+    from . import launch
+    _check_schedule(wait, warmup, active)
+    if not callable(make_step):
+        raise TypeError(f"make_step must be callable, not {type(make_step).__name__}")
+
+    def rank_fn():
+        timer = Timer(launch.device())
+        step = make_step(timer, *args, **kwargs)
+        return profile_steps(step, wait=wait, warmup=warmup, active=active,
+                             trace_dir=trace_dir, timer=timer)
+
+    return launch.run(rank_fn, world_size, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------
+# Reading the numbers: rules of thumb and timelines
+# ----------------------------------------------------------------------------
+
+@dataclass
+class Diagnosis:
+    comm_share: float
+    busy_share: float
+    comm_bound: bool
+    underused: bool
+    findings: list[str]
+
+    def __str__(self):
+        return "\n".join(self.findings)
+
+
+def diagnose(comm_share: float, busy_share: float, *, comm_limit: float = COMM_SHARE_LIMIT,
+             busy_limit: float = BUSY_SHARE_LIMIT) -> Diagnosis:
+    """Apply the lecture's rules of thumb to measured shares and say what they show.
+
+    * communication over 30% of the step: look at all-reduce efficiency (message
+      sizes, bucketing) and at overlapping it with the backward pass;
+    * device busy under 70% of the step: raise the batch (more work per launch and
+      per message) or fix the pipeline (bubbles, a slow stage, host overhead).
+    """
+    for name, v in (("comm_share", comm_share), ("busy_share", busy_share),
+                    ("comm_limit", comm_limit), ("busy_limit", busy_limit)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be a fraction in [0, 1], not {v!r}")
+    comm_bound, underused = comm_share > comm_limit, busy_share < busy_limit
+    findings = []
+    if comm_bound:
+        findings.append(f"communication takes {comm_share:.0%} of the step (> {comm_limit:.0%}): "
+                        "look at all-reduce efficiency (bus bandwidth against the link's), "
+                        "bucket gradients into fewer, larger messages and overlap them with "
+                        "the backward pass")
+    if underused:
+        findings.append(f"the device is busy only {busy_share:.0%} of the step "
+                        f"(< {busy_limit:.0%}): raise the batch size so each step has more "
+                        "work per launch and per message, or fix the pipeline (bubbles, "
+                        "a slow stage, host overhead between operators)")
+    if not findings:
+        findings.append(f"communication {comm_share:.0%} (<= {comm_limit:.0%}) and device busy "
+                        f"{busy_share:.0%} (>= {busy_limit:.0%}): no rule of thumb fires")
+    return Diagnosis(comm_share, busy_share, comm_bound, underused, findings)
+
+
+def timeline(profile: RankProfile, gap: float = 50e-6) -> list[tuple[str, float, float]]:
+    """Spans ``(kind, start_s, end_s)`` of one rank's recorded steps, for ``plot_timeline``.
+
+    Compute and communication are each merged (events less than ``gap`` apart
+    become one span); communication is listed last so it is drawn on top where it
+    overlaps compute (as DDP's all-reduce overlaps the backward pass).
+    """
+    on_device = any(e.device for e in profile.events)
+    end = profile.steps[-1][1]
+    compute = [(e.start, e.end) for e in profile.events
+               if e.device == on_device and e.kind == "compute"]
+    spans = []
+    for kind, intervals in (("compute", compute), ("comm", comm_intervals(profile.events))):
+        spans += [(kind, s, min(e, end)) for s, e in merge(intervals, gap) if s < end]
+    return spans
