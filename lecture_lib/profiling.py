@@ -24,9 +24,10 @@ Which events count as what:
   on the device timeline; on the CPU (gloo) the collective as gloo executes it
   (``gloo:all_reduce``, ``gloo:send``...), plus the ``c10d::`` calls that
   block the training thread.
-* **busy**: on a GPU any kernel or copy on the device; on the CPU any
-  operator (``cpu_op``) on any thread. The rest of a step is idle time:
-  Python between operators, or waiting.
+* **busy** (useful work): on a GPU any other kernel or copy on the device; on
+  the CPU any other operator (``cpu_op``). The rest of a step is waiting or
+  idle: Python between operators, a pipeline bubble (which a trace shows as a
+  stage waiting inside ``recv``), a slow peer.
 
 Shares are the length of the *union* of those intervals over the recorded
 steps, divided by the recorded steps' length, so nested and overlapping events
@@ -191,17 +192,32 @@ def covered(intervals, windows) -> float:
 def shares(events: list[Event], steps) -> tuple[float, float]:
     """``(comm_share, busy_share)`` of the recorded steps, from the trace's events.
 
-    When the trace holds device (GPU) events, both are read on the device timeline
-    (collective kernels against all kernels); otherwise on the CPU events.
+    ``busy_share`` counts computation only (communication in flight is not useful
+    work, even where it keeps a GPU "utilised"). When the trace holds device (GPU)
+    events, both are read on the device timeline (collective kernels against the
+    other kernels); otherwise on the CPU events.
     """
     span = sum(e - s for s, e in steps)
     if span <= 0:
         raise ValueError("the recorded steps have no length")
     on_device = any(e.device for e in events)
-    work = [(e.start, e.end) for e in events if e.device == on_device]
-    comm = covered(comm_intervals(events), steps)
-    busy = covered(work + comm_intervals(events), steps)
-    return comm / span, busy / span
+    work = [(e.start, e.end) for e in events if e.device == on_device and e.kind == "compute"]
+    return covered(comm_intervals(events), steps) / span, covered(work, steps) / span
+
+
+def overlap_share(profile: RankProfile) -> float:
+    """Share of the recorded steps where communication is in flight *while* the rank computes.
+
+    DDP launches each bucket's all-reduce as soon as its gradients are ready, so
+    communication overlaps the rest of the backward pass (Li et al. 2020); a sync
+    after the backward overlaps nothing.
+    """
+    on_device = any(e.device for e in profile.events)
+    compute = merge((e.start, e.end) for e in profile.events
+                    if e.device == on_device and e.kind == "compute")
+    windows = [(max(s, ws), min(e, we)) for s, e in compute for ws, we in profile.steps
+               if min(e, we) > max(s, ws)]
+    return covered(comm_intervals(profile.events), windows) / sum(e - s for s, e in profile.steps)
 
 
 def comm_intervals(events: list[Event]) -> list[tuple[float, float]]:
@@ -216,23 +232,28 @@ def comm_intervals(events: list[Event]) -> list[tuple[float, float]]:
     """
     if any(e.device for e in events):
         return [(e.start, e.end) for e in events if e.device and e.kind == "comm"]
+    def op(name):                # "c10d::allreduce_" and "gloo:all_reduce" -> "allreduce"
+        return name.split(":")[-1].strip("_").replace("_", "")
+
     handovers = [e for e in events if e.name.startswith("c10d::")]
-    calls = sorted((e.start, e.end) for e in handovers)
-    runs = sorted((e.start, e.end) for e in events if e.name.startswith("gloo:"))
-    other = [(e.start, e.end) for e in events if e.kind == "comm"
-             and not e.name.startswith(("c10d::", "gloo:"))]
-    if len(calls) != len(runs):
-        return calls + runs + other
+    runs = [e for e in events if e.name.startswith("gloo:")]
+    out = [(e.start, e.end) for e in events if e.kind == "comm"
+           and not e.name.startswith(("c10d::", "gloo:"))]
     # A blocking collective holds the training thread until it resumes: its next
     # operator starts no earlier than the collective's end (the wait itself is not
-    # an event). An asynchronous one (DDP) lets the thread go on at once.
+    # an event). An asynchronous one (DDP's, an isend) lets the thread go on at once.
     threads = {e.thread for e in handovers}
     starts = sorted(e.start for e in events if e.thread in threads and e.kind == "compute")
-    joined = []
-    for (c0, c1), (_, r1) in zip(calls, runs):
-        resume = next((t for t in starts if t >= c1), r1)
-        joined.append((c0, max(c1, r1, resume if resume <= r1 + _RESUME_SLACK else r1)))
-    return joined + other
+    for kind in {op(e.name) for e in handovers + runs}:
+        calls = sorted((e.start, e.end) for e in handovers if op(e.name) == kind)
+        done = sorted((e.start, e.end) for e in runs if op(e.name) == kind)
+        if len(calls) != len(done):
+            out += calls + done
+            continue
+        for (c0, c1), (_, r1) in zip(calls, done):
+            resume = next((t for t in starts if t >= c1), r1)
+            out.append((c0, max(c1, r1, resume if resume <= r1 + _RESUME_SLACK else r1)))
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -406,3 +427,126 @@ def timeline(profile: RankProfile, gap: float = 50e-6) -> list[tuple[str, float,
     for kind, intervals in (("compute", compute), ("comm", comm_intervals(profile.events))):
         spans += [(kind, s, min(e, end)) for s, e in merge(intervals, gap) if s < end]
     return spans
+
+
+# ----------------------------------------------------------------------------
+# Workloads to profile: ``make_step(timer, ...)`` factories for profile_run
+# ----------------------------------------------------------------------------
+
+def _small_gpt_setup(cfg, seed):
+    from . import launch
+    from .models import GPT, GPTConfig, MarkovText
+    cfg = cfg or GPTConfig(d_model=64, n_layers=2, seq_len=32, n_heads=4)
+    return cfg, GPT(cfg, seed).to(launch.device()), MarkovText(cfg.vocab_size, cfg.seq_len, seed)
+
+
+def data_parallel_step(timer, batch_size: int = 16, sync: str = "ddp", cfg=None,
+                       bucket_cap_mb: float = 25.0, lr: float = 0.1, seed: int = 0):
+    """A data-parallel step of the small GPT on this rank's shard of the global batch.
+
+    ``sync``: ``"ddp"`` (torch's DistributedDataParallel, gradients all-reduced in
+    buckets of ``bucket_cap_mb`` while the backward pass runs), ``"flat"`` (one
+    all-reduce of all gradients after the backward) or ``"per_param"`` (one
+    all-reduce per gradient). For the hand-written syncs ``timer("comm")`` holds
+    the all-reduces alone; DDP's overlap hides its communication from a timer, so
+    only the trace can show it.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from . import launch
+    from .models import shard
+    if sync not in ("ddp", "flat", "per_param"):
+        raise ValueError(f"sync must be 'ddp', 'flat' or 'per_param', not {sync!r}")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cfg, model, data = _small_gpt_setup(cfg, seed)
+    params = list(model.parameters())
+    net = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb) if sync == "ddp" else model
+    opt = torch.optim.SGD(params, lr=lr)
+
+    def step(i):
+        x, y = (t.to(launch.device()) for t in shard(data.batch(i, batch_size), rank, size))
+        with timer("compute"):
+            net(x, y).backward()
+        if sync == "flat":
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            with timer("comm"):
+                dist.all_reduce(flat)
+            torch.nn.utils.vector_to_parameters(flat / size, [p.grad for p in params])
+        elif sync == "per_param":
+            with timer("comm"):
+                for p in params:
+                    dist.all_reduce(p.grad)
+            for p in params:
+                p.grad /= size
+        with timer("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    step.model = model                              # for checks
+    return step
+
+
+def two_stage_pipeline_step(timer, batch_size: int = 16, micro_batches: int = 4, cfg=None,
+                            lr: float = 0.1, seed: int = 0):
+    """A hand-made two-stage pipeline (GPipe order: all forwards, then all backwards).
+
+    Rank 0 holds the embeddings and the first half of the blocks, rank 1 the rest
+    and the head. Activations go forward and their gradients back with
+    send/recv, one micro-batch at a time (Huang et al. 2019, "GPipe"). A
+    stand-in until the course's pipeline executor profiles itself.
+    """
+    import torch.distributed as dist
+    from .models import lm_loss
+    from . import launch
+    if dist.get_world_size() != 2:
+        raise ValueError(f"the two-stage pipeline needs 2 ranks, not {dist.get_world_size()}")
+    if batch_size % micro_batches:
+        raise ValueError(f"batch_size={batch_size} is not divisible by "
+                         f"micro_batches={micro_batches}")
+    rank, dev = dist.get_rank(), launch.device()
+    cfg, model, data = _small_gpt_setup(cfg, seed)
+    half = max(1, cfg.n_layers // 2)
+    mine = model.blocks[:half] if rank == 0 else model.blocks[half:]
+    params = ([model.tok_emb.weight, model.pos_emb.weight] if rank == 0 else
+              list(model.ln_f.parameters()) + list(model.head.parameters()))
+    params += [p for b in mine for p in b.parameters()]
+    opt = torch.optim.SGD(params, lr=lr)
+    shape = (batch_size // micro_batches, cfg.seq_len, cfg.d_model)
+
+    def step(i):
+        x, y = (t.to(dev) for t in data.batch(i, batch_size))
+        pending = []
+        if rank == 0:
+            outs = []
+            for xm in x.chunk(micro_batches):
+                with timer("compute"):
+                    h = model.embed(xm)
+                    for block in mine:
+                        h = block(h)
+                outs.append(h)
+                pending.append(dist.isend(h.detach().contiguous(), 1))
+            for h in outs:
+                g = torch.empty(shape, device=dev)
+                with timer("comm"):
+                    dist.recv(g, 1)
+                with timer("compute"):
+                    h.backward(g)
+        else:
+            for ym in y.chunk(micro_batches):
+                h = torch.empty(shape, device=dev)
+                with timer("comm"):
+                    dist.recv(h, 0)
+                with timer("compute"):
+                    h.requires_grad_()
+                    out = h
+                    for block in mine:
+                        out = block(out)
+                    (lm_loss(model.logits(out), ym) / micro_batches).backward()
+                pending.append(dist.isend(h.grad.contiguous(), 0))
+        with timer("comm"):
+            for work in pending:
+                work.wait()
+        with timer("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    step.model, step.params = model, params        # this stage's share, for checks
+    return step
