@@ -21,9 +21,9 @@ the trace to a few numbers. :func:`profile_run` does this on N ranks.
 Which events count as what:
 
 * **communication**: on a GPU the NCCL kernels (``ncclDevKernel_AllReduce...``)
-  on the device timeline; on the CPU (gloo) the collective as gloo executes it
-  (``gloo:all_reduce``, ``gloo:send``...), plus the ``c10d::`` calls that
-  block the training thread.
+  on the device timeline; on the CPU (gloo) a collective from the moment the
+  training thread hands it over (``c10d::allreduce_``) until gloo's thread has
+  executed it (``gloo:all_reduce``, ``gloo:send``...), see :func:`comm_intervals`.
 * **busy** (useful work): on a GPU any other kernel or copy on the device; on
   the CPU any other operator (``cpu_op``). The rest of a step is waiting or
   idle: Python between operators, a pipeline bubble (which a trace shows as a
@@ -37,7 +37,9 @@ communication (:attr:`RankProfile.timer_comm_share`).
 
 :func:`diagnose` applies the lecture's rules of thumb to those measured
 shares; :func:`timeline` turns a trace into spans for
-:func:`lecture_lib.plots.plot_timeline`.
+:func:`lecture_lib.plots.plot_timeline`. :func:`data_parallel_step` (torch's
+DDP, or a hand-written sync in one or many messages) and
+:func:`two_stage_pipeline_step` are the workloads notebook 08 profiles.
 """
 from __future__ import annotations
 
@@ -98,10 +100,12 @@ class RankProfile:
     def timer_comm_share(self) -> float | None:
         """Seconds in the timer's "comm" phase over the recorded steps' length (None if untimed).
 
-        The trace's :attr:`comm_share` counts the collectives while they execute;
-        the timer counts the training thread's whole communication phase, launches
-        and wake-ups included. With a few large messages the two agree; with many
-        small ones the timer sees the per-message overhead the trace does not.
+        The trace's :attr:`comm_share` counts each collective from its hand-over to
+        its end (for a blocking one, to the moment the training thread resumes);
+        the timer counts the training thread's whole "comm" phase, which also holds
+        the Python around the call and any time the operating system preempted the
+        thread inside the phase. So the timer never reads less, and on a quiet
+        machine the two agree.
         """
         if "comm" not in self.timer_totals:
             return None
@@ -112,8 +116,8 @@ class RankProfile:
 
         The timer's "comm" spans are split evenly over the steps (the step must
         enter ``timer("comm")`` the same number of times in every step), else the
-        timer's entry is None. The median over steps resists one step that the
-        operating system happened to preempt.
+        timer's entry is None. Step by step, a preemption by the operating system
+        inside the timed phase shows up in one step, not smeared over all.
         """
         comm = comm_intervals(self.events)
         spans = [e - s for phase, s, e in self.timer_spans if phase == "comm"]
@@ -320,19 +324,17 @@ def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3,
                 timer.reset()
             step(i)
             prof.step()
-    path = None
     if trace_dir is not None:
         os.makedirs(trace_dir, exist_ok=True)
         path = os.path.join(trace_dir, f"rank{rank}.json")
+        prof.export_chrome_trace(path)
+        events, steps = read_trace(path)
     else:
         import tempfile
-        path = os.path.join(tempfile.mkdtemp(prefix="lecture_trace_"), f"rank{rank}.json")
-    prof.export_chrome_trace(path)
-    events, steps = read_trace(path)
-    if trace_dir is None:
-        os.unlink(path)
-        os.rmdir(os.path.dirname(path))
         path = None
+        with tempfile.TemporaryDirectory(prefix="lecture_trace_") as tmp:
+            prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+            events, steps = read_trace(os.path.join(tmp, "trace.json"))
     comm, busy = shares(events, steps)
     sort_by = "self_cuda_time_total" if len(activities) > 1 else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
