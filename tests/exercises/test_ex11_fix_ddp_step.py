@@ -1,0 +1,61 @@
+"""ex11: the fixed data-parallel step keeps the replicas consistent and trains like one
+process. Run against solutions/ by default; the grader points LECTURE_EXERCISE_PATH at a
+student's file."""
+import functools
+
+import torch.distributed as dist
+
+import lecture_lib
+from lecture_lib.debugging import check_gradient_consistency
+from lecture_lib.grading import load_exercise
+from lecture_lib.models import (GPT, GPTConfig, MarkovText, TrainResult, assert_same_training,
+                                make_optimizer, shard, train_reference)
+
+ex = load_exercise("ex11")
+POINTS = 10
+CFG = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
+STEPS, BATCH, LR = 3, 8, 0.1
+
+
+def _train():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    data = MarkovText(CFG.vocab_size, CFG.seq_len)
+    model = GPT(CFG)
+    opt = make_optimizer(model.parameters(), "sgd", LR)
+    losses, findings = [], []
+    for step in range(STEPS):
+        x, y = shard(data.batch(step, BATCH), rank, size)
+        losses.append(ex.train_step(model, opt, x, y))
+        findings.append(check_gradient_consistency(model))   # gradients and values
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return TrainResult(losses, params), findings
+
+
+@functools.lru_cache(maxsize=None)
+def results():
+    return lecture_lib.run(_train, 2, timeout=60)
+
+
+def _reference():
+    data = MarkovText(CFG.vocab_size, CFG.seq_len)
+    return train_reference(GPT(CFG), lambda s: data.batch(s, BATCH), STEPS, lr=LR,
+                           optimizer="sgd")
+
+
+def test_replicas_stay_consistent_after_every_step():
+    for rank, (_, findings) in enumerate(results()):
+        assert findings == [None] * STEPS, f"rank {rank}: {[str(f) for f in findings]}"
+
+
+def test_parameters_equal_one_process_training():
+    """Same parameters as one process on the whole batch, rtol 1e-5, atol 1e-6 (SGD)."""
+    ref = _reference()
+    for got, _ in results():
+        assert_same_training(TrainResult(ref.losses, got.params), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_returned_loss_is_the_global_batch_loss_on_every_rank():
+    ref = _reference()
+    (a, _), (b, _) = results()
+    assert a.losses == b.losses
+    assert_same_training(TrainResult(a.losses, ref.params), ref, rtol=1e-5, atol=1e-6)
