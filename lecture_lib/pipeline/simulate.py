@@ -68,6 +68,15 @@ def held_microbatches(schedule: Schedule, rank: int) -> list[float]:
     return out
 
 
+def action_costs(schedule: Schedule, t_forward: float, t_backward: float,
+                 t_weight: float = 0.0) -> dict:
+    """Seconds per F, B and W action of this schedule (per chunk; B includes W when
+    the schedule does not split the backward)."""
+    v = schedule.chunks
+    return {"F": t_forward / v, "W": t_weight / v,
+            "B": (t_backward if schedule.split_backward else t_backward + t_weight) / v}
+
+
 def simulate(schedule: Schedule, t_forward: float, t_backward: float, t_weight: float = 0.0,
              latency: float = 0.0) -> Simulation:
     """Every rank's timeline under these costs (seconds per stage per micro-batch)."""
@@ -77,9 +86,7 @@ def simulate(schedule: Schedule, t_forward: float, t_backward: float, t_weight: 
             raise ValueError(f"{name} must be a number >= 0, not {value!r}")
     if t_forward + t_backward + t_weight <= 0:
         raise ValueError("at least one of t_forward, t_backward, t_weight must be > 0")
-    v = schedule.chunks
-    cost = {"F": t_forward / v, "W": t_weight / v,
-            "B": (t_backward if schedule.split_backward else t_backward + t_weight) / v}
+    cost = action_costs(schedule, t_forward, t_backward, t_weight)
     deps = dependencies(schedule, synchronous_sends=False)
     end: dict = {}
     timeline: dict = {r: [] for r in range(schedule.num_stages)}
