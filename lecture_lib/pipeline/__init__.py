@@ -10,5 +10,6 @@
 from .schedules import NAMES, Action, Schedule, make_schedule, validate
 from .simulate import Simulation, bubble_of, makespan_of, simulate
 from .execute import (PipelineChunk, PipelineExecutor, PipelineRun, StepRecord, check_pipeline,
-                      check_split, exchange, merge, split_gpt, train, train_many, train_stage)
+                      check_split, exchange, merge, message_latency, split_gpt, train, train_many,
+                      train_stage)
 from .baseline import compare_with_torch, step_time_ratio

@@ -35,6 +35,7 @@ one-process training on the whole batch.
 """
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -145,6 +146,17 @@ def exchange(sends, recvs, group=None) -> list:
 # The executor
 # ----------------------------------------------------------------------------
 
+SPIN_S = 0.002   # fixed-cost mode: sleep, then spin the last 2 ms (a late wake-up is no cost)
+
+
+def _wait_until(deadline: float) -> None:
+    rest = deadline - time.perf_counter()
+    if rest > SPIN_S:
+        time.sleep(rest - SPIN_S)
+    while time.perf_counter() < deadline:
+        pass
+
+
 @dataclass
 class StepRecord:
     """What one rank saw in one step."""
@@ -154,6 +166,7 @@ class StepRecord:
     peak_activation_bytes: int          # saved-tensor bytes held at once
     activation_bytes: dict = field(default_factory=dict)   # label -> bytes saved by its F
     waits: list = field(default_factory=list)   # [(label, posted_s, received_s)] before actions
+    clock: tuple = ("", 0.0)            # (host, perf_counter at the step's time 0)
 
 
 class PipelineExecutor:
@@ -259,16 +272,15 @@ class PipelineExecutor:
                     del inp[key], held[key]
                 if costs:
                     synchronize(self.device)
-                    rest = costs[a.kind] - (time.perf_counter() - began)
-                    if rest > 0:
-                        time.sleep(rest)
+                    _wait_until(began + costs[a.kind])
             labels.append(str(a))
         send_works += self.exchange(pending, [], self.group)
         for w in send_works:
             w.wait()
         timeline = [(k, start, end, label) for (k, start, end), label in zip(timer.spans, labels)]
         holds_loss = any(sched.stage(mine, c) == last for c in range(sched.chunks))
-        return StepRecord(self.stage, loss if holds_loss else None, timeline, peak, saved, waits)
+        return StepRecord(self.stage, loss if holds_loss else None, timeline, peak, saved, waits,
+                          (socket.gethostname(), timer.t0))
 
 
 # ----------------------------------------------------------------------------
@@ -324,9 +336,51 @@ class PipelineRun:
     grads: dict
     timelines: list                 # per step: {rank: [(kind, start, end, label), ...]}
     peak_activation_bytes: list     # per rank, the largest over steps
+    latencies: list = field(default_factory=list)   # per step: mean message delay (s)
 
     def as_train_result(self) -> TrainResult:
         return TrainResult(self.losses, self.params)
+
+
+def aligned(records: list[StepRecord]) -> dict:
+    """The ranks' timelines of one step on one time axis, ``{rank: spans}``.
+
+    Ranks on one host share ``perf_counter`` (Linux's monotonic clock), so their
+    spans are shifted onto the earliest rank's time 0; ranks on several hosts keep
+    the barrier at the start of the step as their common time 0.
+    """
+    return {rank: [(k, a + shift, b + shift, *rest) for k, a, b, *rest in rec.timeline]
+            for (rank, rec), shift in zip(enumerate(records), _shifts(records))}
+
+
+def _shifts(records: list[StepRecord]) -> list[float]:
+    hosts = {rec.clock[0] for rec in records}
+    if len(hosts) > 1:
+        return [0.0] * len(records)
+    t0 = min(rec.clock[1] for rec in records)
+    return [rec.clock[1] - t0 for rec in records]
+
+
+def message_latency(schedule: Schedule, records: list[StepRecord]) -> float:
+    """Mean measured delay of a message its receiver was already waiting for: from the
+    end of the sending action to the moment the receiver has the data (seconds)."""
+    shifts = _shifts(records)
+    ends = {(rank, label): end + shift for (rank, rec), shift in zip(enumerate(records), shifts)
+            for _, _, end, label in rec.timeline}
+    actions = {str(a): a for acts in schedule.actions for a in acts}
+    delays = []
+    for rank, (rec, shift) in enumerate(zip(records, shifts)):
+        for label, posted, got in rec.waits:
+            a = actions[label]
+            s = schedule.stage(rank, a.chunk)
+            src = s - 1 if a.kind == "F" else s + 1
+            if not 0 <= src < schedule.num_virtual_stages:
+                continue
+            sent = ends.get((schedule.rank_of(src), str(type(a)(a.kind, a.microbatch,
+                                                                 schedule.chunk_of(src)))))
+            if sent is not None and posted + shift <= sent:
+                delays.append(got + shift - sent)
+    return sum(delays) / len(delays) if delays else 0.0
 
 
 def merge(schedule: Schedule, results: list[dict]) -> PipelineRun:
@@ -335,10 +389,11 @@ def merge(schedule: Schedule, results: list[dict]) -> PipelineRun:
     params = {k: v for r in results for k, v in r["params"].items()}
     grads = {k: v for r in results for k, v in r["grads"].items()}
     steps = len(results[0]["records"])
-    timelines = [{rank: r["records"][i].timeline for rank, r in enumerate(results)}
-                 for i in range(steps)]
+    timelines = [aligned([r["records"][i] for r in results]) for i in range(steps)]
     peaks = [max(rec.peak_activation_bytes for rec in r["records"]) for r in results]
-    return PipelineRun(schedule, losses, params, grads, timelines, peaks)
+    latencies = [message_latency(schedule, [r["records"][i] for r in results])
+                 for i in range(steps)]
+    return PipelineRun(schedule, losses, params, grads, timelines, peaks, latencies)
 
 
 def train(cfg: GPTConfig, schedule: Schedule | str, num_stages: int | None = None,
