@@ -2,7 +2,7 @@
 
 With ``p`` stages, ``m`` micro-batches and uniform per-stage costs, GPipe and
 1F1B idle for ``p - 1`` forward+backward slots out of ``m + p - 1``
-(Huang et al. 2019, "GPipe", section 2.2; Narayanan et al. 2021, "Efficient
+(Huang et al. 2019, "GPipe"; Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters using Megatron-LM",
 section 2.2.1):
 
@@ -13,7 +13,7 @@ Interleaving ``v`` model chunks per rank shrinks each slot of the ramp by ``v``
 
     bubble = (p - 1) / (v m + p - 1)
 
-ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3.1) fills
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3) fills
 part of the ramp with weight-gradient work W; its bubble is
 ``(p - 1)(t_F + t_B - t_W)`` per rank against ``m (t_F + t_B + t_W)`` of work.
 

@@ -8,7 +8,8 @@
   activations and gradients sent to the neighbouring stage, every action timed.
 """
 from .schedules import NAMES, Action, Schedule, make_schedule, validate
-from .simulate import Simulation, bubble_of, makespan_of, simulate
+from .simulate import (Simulation, action_costs, bubble_of, busy_time, dependency_violations,
+                       makespan_of, simulate)
 from .execute import (PipelineChunk, PipelineExecutor, PipelineRun, StepRecord, check_pipeline,
                       check_split, exchange, merge, message_latency, split_gpt, train, train_many,
                       train_stage)

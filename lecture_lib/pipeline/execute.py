@@ -24,10 +24,12 @@ schedule :func:`~.schedules.validate` accepts runs without deadlock.
 
 Every action's start and end is recorded (``metrics.Timer``; times from a
 barrier at the start of the step). In *fixed-cost mode* (``cost=(t_forward,
-t_backward, t_weight)`` in seconds per stage and micro-batch) every action is
-padded with sleep to exactly its simulated cost (:func:`~.simulate.action_costs`),
-so the measured timeline shows the schedule itself even when 4 ranks share
-2 cores; the real compute still runs, so the results stay exact.
+t_backward, t_weight)`` in seconds per stage and micro-batch) each action's
+compute is replaced by a wait of exactly its simulated cost
+(:func:`~.simulate.action_costs`), while activation- and gradient-shaped tensors
+still travel between the ranks as the schedule says: the measured timeline
+shows the schedule itself even when 4 ranks share 2 cores (a sleeping rank
+takes no core from the others). Real-compute mode (``cost=None``) trains.
 
 The micro-batch losses are the full-batch mean: each is divided by ``m``, and
 the gradients accumulate over micro-batches, so loss and gradients equal
@@ -44,7 +46,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import launch
-from ..metrics import Timer, saved_tensor_bytes, synchronize
+from ..metrics import Timer, saved_tensor_bytes
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, lm_loss, make_optimizer
 from .schedules import Schedule, make_schedule
 from .simulate import action_costs
@@ -146,17 +148,6 @@ def exchange(sends, recvs, group=None) -> list:
 # The executor
 # ----------------------------------------------------------------------------
 
-SPIN_S = 0.002   # fixed-cost mode: sleep, then spin the last 2 ms (a late wake-up is no cost)
-
-
-def _wait_until(deadline: float) -> None:
-    rest = deadline - time.perf_counter()
-    if rest > SPIN_S:
-        time.sleep(rest - SPIN_S)
-    while time.perf_counter() < deadline:
-        pass
-
-
 @dataclass
 class StepRecord:
     """What one rank saw in one step."""
@@ -165,7 +156,7 @@ class StepRecord:
     timeline: list                      # [(kind, start_s, end_s, label), ...]
     peak_activation_bytes: int          # saved-tensor bytes held at once
     activation_bytes: dict = field(default_factory=dict)   # label -> bytes saved by its F
-    waits: list = field(default_factory=list)   # [(label, posted_s, received_s)] before actions
+    waits: list = field(default_factory=list)   # [(label, posted_s, received_s)]: its receives
     clock: tuple = ("", 0.0)            # (host, perf_counter at the step's time 0)
 
 
@@ -192,9 +183,17 @@ class PipelineExecutor:
         self.cost = check_cost(cost)
         self.exchange = exchange
         self.device = launch.device()
+        self._zeros = torch.zeros(self.shape, dtype=dtype, device=self.device)
 
     def _peer(self, stage: int) -> int:
         return self.ranks[self.schedule.rank_of(stage)]
+
+    def _send(self, tensor, stage: int, to: int, key: tuple, pending: list, local: dict) -> None:
+        """Queue ``tensor`` for virtual stage ``to`` (a hand-off if this rank holds it)."""
+        if self._peer(to) == dist.get_rank():
+            local[key] = tensor
+        else:
+            pending.append((tensor, self._peer(to)))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepRecord:
         """Forward and backward of one batch; gradients accumulate in the chunks."""
@@ -229,11 +228,18 @@ class PipelineExecutor:
                 posted = time.perf_counter() - timer.t0
                 send_works += self.exchange(pending, recvs, self.group)
                 pending = []
-                waits.append((str(a), posted, time.perf_counter() - timer.t0))
+                if recvs:
+                    waits.append((str(a), posted, time.perf_counter() - timer.t0))
             with timer(a.kind):
                 began = time.perf_counter()
                 chunk = self.chunks[a.chunk]
-                if a.kind == "F":
+                if costs:                                 # fixed cost: wait, send placeholders
+                    time.sleep(max(0.0, began + costs[a.kind] - time.perf_counter()))
+                    if a.kind == "F" and s < last:
+                        self._send(self._zeros, s, s + 1, ("F", a.microbatch, s), pending, local)
+                    if a.kind == "B" and s > 0:
+                        self._send(self._zeros, s, s - 1, ("B", a.microbatch, s), pending, local)
+                elif a.kind == "F":
                     x = xs[a.microbatch] if s == 0 else inp[key].requires_grad_()
                     inp[key] = x
                     with saved_tensor_bytes() as counter:
@@ -246,11 +252,7 @@ class PipelineExecutor:
                     if s == last:
                         loss += y.item()
                     else:
-                        sent = y.detach()
-                        if self._peer(s + 1) == dist.get_rank():
-                            local[("F", a.microbatch, s)] = sent
-                        else:
-                            pending.append((sent, self._peer(s + 1)))
+                        self._send(y.detach(), s, s + 1, ("F", a.microbatch, s), pending, local)
                 elif a.kind == "B":
                     g = None if s == last else grad.pop(key)
                     if sched.split_backward:              # input gradient only; keep the graph
@@ -262,23 +264,17 @@ class PipelineExecutor:
                         gx = inp[key].grad if s > 0 else None
                         del out[key], inp[key], held[key]
                     if gx is not None:
-                        if self._peer(s - 1) == dist.get_rank():
-                            local[("B", a.microbatch, s)] = gx
-                        else:
-                            pending.append((gx, self._peer(s - 1)))
+                        self._send(gx, s, s - 1, ("B", a.microbatch, s), pending, local)
                 else:                                     # W: the weight gradients
                     torch.autograd.backward(out.pop(key), grad.pop(key),
                                             inputs=list(chunk.parameters()))
                     del inp[key], held[key]
-                if costs:
-                    synchronize(self.device)
-                    _wait_until(began + costs[a.kind])
             labels.append(str(a))
         send_works += self.exchange(pending, [], self.group)
         for w in send_works:
             w.wait()
         timeline = [(k, start, end, label) for (k, start, end), label in zip(timer.spans, labels)]
-        holds_loss = any(sched.stage(mine, c) == last for c in range(sched.chunks))
+        holds_loss = not costs and any(sched.stage(mine, c) == last for c in range(sched.chunks))
         return StepRecord(self.stage, loss if holds_loss else None, timeline, peak, saved, waits,
                           (socket.gethostname(), timer.t0))
 
@@ -317,7 +313,7 @@ def train_stage(schedule: Schedule, cfg: GPTConfig, batch_size: int, steps: int 
         record = executor.step(x, y)
         if step == 0:
             grads = {n: p.grad.detach().cpu().clone() for c in chunks
-                     for n, p in c.named_parameters()}
+                     for n, p in c.named_parameters() if p.grad is not None}
         opt.step()
         records.append(record)
         if record.loss is not None:
@@ -385,7 +381,7 @@ def message_latency(schedule: Schedule, records: list[StepRecord]) -> float:
 
 def merge(schedule: Schedule, results: list[dict]) -> PipelineRun:
     """Combine the per-rank dicts of :func:`train_stage` (in stage order)."""
-    losses = next(r["losses"] for r in results if r["losses"])
+    losses = next((r["losses"] for r in results if r["losses"]), [])
     params = {k: v for r in results for k, v in r["params"].items()}
     grads = {k: v for r in results for k, v in r["grads"].items()}
     steps = len(results[0]["records"])

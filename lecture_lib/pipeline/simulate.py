@@ -99,3 +99,17 @@ def simulate(schedule: Schedule, t_forward: float, t_backward: float, t_weight: 
     return Simulation(schedule, timeline, makespan_of(timeline), bubble_of(timeline),
                       [max(held_microbatches(schedule, r), default=0)
                        for r in range(schedule.num_stages)])
+
+
+def dependency_violations(schedule: Schedule, timeline: dict, slack: float = 0.0) -> list:
+    """Actions of a (measured) timeline that started before an action they depend on
+    ended (more than ``slack`` seconds early): ``[(rank, label, rank_dep, label_dep)]``.
+    Empty when the ranks obeyed the schedule."""
+    deps = dependencies(schedule)
+    out = []
+    for (rank, i), need in deps.items():
+        start = timeline[rank][i][1]
+        for r, j in need:
+            if timeline[r][j][2] > start + slack:
+                out.append((rank, str(schedule.actions[rank][i]), r, str(schedule.actions[r][j])))
+    return out
