@@ -123,6 +123,16 @@ def test_simulator_latency_and_costs():
             pp.simulate(s, **bad)
 
 
+def test_dependency_check_of_timelines():
+    s = pp.make_schedule("1f1b", 2, 2)
+    sim = pp.simulate(s, 1.0, 2.0)
+    assert pp.dependency_violations(s, sim.timeline) == []
+    early = {r: list(spans) for r, spans in sim.timeline.items()}
+    kind, start, end, label = early[1][0]            # rank 1's F0 before rank 0's F0 ended
+    early[1][0] = (kind, start - 0.5, end - 0.5, label)
+    assert pp.dependency_violations(s, early) == [(1, "F0", 0, "F0")]
+
+
 # ----------------------------------------------------------------------------
 # Bad input: clear errors before any process starts
 # ----------------------------------------------------------------------------
@@ -184,6 +194,7 @@ def test_every_schedule_equals_one_process_training(p, reference):
             for rank, spans in step.items():
                 assert [sp[3] for sp in spans] == [str(a) for a in s.actions[rank]]
                 assert all(0 <= sp[1] < sp[2] for sp in spans)
+            assert pp.dependency_violations(s, step, slack=1e-4) == [], s.name
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe(reference):
