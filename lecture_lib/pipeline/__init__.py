@@ -5,7 +5,12 @@
 * :mod:`.simulate`: per-rank timelines, makespan, bubble and activation memory
   from per-action costs (:func:`simulate`).
 * :mod:`.execute`: the same schedule on real ranks: stages of the small GPT,
-  activations and gradients sent to the neighbouring stage, every action timed.
+  activations and gradients sent to the neighbouring stage, every action timed
+  (:func:`train`, :func:`train_many`, :class:`PipelineExecutor`, :func:`exchange`).
+* :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.
+
+Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
+the Gantt-chart explorer in :mod:`lecture_lib.widgets.pipeline`.
 """
 from .schedules import NAMES, Action, Schedule, make_schedule, validate
 from .simulate import (Simulation, action_costs, bubble_of, busy_time, dependency_violations,

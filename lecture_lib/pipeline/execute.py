@@ -21,6 +21,10 @@ receive a gradient back) they travel in one batch, as Megatron-LM and
 ``torch.distributed.pipelining`` do. The executor waits for its receives at
 once and for its sends at the end of the step, so a send never blocks: any
 schedule :func:`~.schedules.validate` accepts runs without deadlock.
+(On NCCL a batched send may complete only together with its receive; GPipe,
+1F1B and ZB-H1 also pass ``validate(schedule, synchronous_sends=True)`` and are
+safe then, Megatron's interleaved order is not: Megatron-LM runs it with every
+rank exchanging in lock-step. Not yet run on GPUs.)
 
 Every action's start and end is recorded (``metrics.Timer``; times from a
 barrier at the start of the step). In *fixed-cost mode* (``cost=(t_forward,
