@@ -269,3 +269,22 @@ def test_same_losses_and_gradients_as_torch_pipelining():
         for name, g in r["ours_grads"].items():
             torch.testing.assert_close(g, r["torch_grads"][name], rtol=1e-5, atol=1e-6)
     assert pp.step_time_ratio(results) > 0
+
+
+def _two_pipelines(cfg, batch):
+    """Ranks {0, 1} and {2, 3} each run their own 2-stage pipeline (as on a dp x pp grid)."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[dist.get_rank() // 2]
+    return pp.train_stage(pp.make_schedule("1f1b", 2, 4), cfg, batch, 1, group=mine,
+                          optimizer="sgd", lr=LR)
+
+
+def test_pipelines_on_process_groups(reference):
+    grads, _ = reference
+    results = lecture_lib.run(_two_pipelines, 4, CFG, BATCH, timeout=120)
+    for first in (0, 2):
+        got = {**results[first]["grads"], **results[first + 1]["grads"]}
+        assert results[first + 1]["losses"] and not results[first]["losses"]
+        for name, g in grads.items():
+            torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6)

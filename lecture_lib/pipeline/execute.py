@@ -192,7 +192,7 @@ class PipelineExecutor:
     def _peer(self, stage: int) -> int:
         return self.ranks[self.schedule.rank_of(stage)]
 
-    def _send(self, tensor, stage: int, to: int, key: tuple, pending: list, local: dict) -> None:
+    def _send(self, tensor, to: int, key: tuple, pending: list, local: dict) -> None:
         """Queue ``tensor`` for virtual stage ``to`` (a hand-off if this rank holds it)."""
         if self._peer(to) == dist.get_rank():
             local[key] = tensor
@@ -206,7 +206,6 @@ class PipelineExecutor:
         xs = inputs.to(self.device).chunk(m)
         ys = targets.to(self.device).chunk(m)
         costs = (action_costs(sched, *self.cost) if self.cost else None)
-        mine = self.stage
         inp, out, grad, local = {}, {}, {}, {}
         held, labels, saved, waits = {}, [], {}, []
         peak, loss, pending, send_works = 0, 0.0, [], []
@@ -214,7 +213,7 @@ class PipelineExecutor:
         dist.barrier(group=self.group)
         timer.reset()
         for a in sched.actions[self.stage]:
-            s, key = sched.stage(mine, a.chunk), (a.microbatch, a.chunk)
+            s, key = sched.stage(self.stage, a.chunk), (a.microbatch, a.chunk)
             recvs = []
             if a.kind == "F" and s > 0:
                 if self._peer(s - 1) == dist.get_rank():
@@ -240,9 +239,9 @@ class PipelineExecutor:
                 if costs:                                 # fixed cost: wait, send placeholders
                     time.sleep(max(0.0, began + costs[a.kind] - time.perf_counter()))
                     if a.kind == "F" and s < last:
-                        self._send(self._zeros, s, s + 1, ("F", a.microbatch, s), pending, local)
+                        self._send(self._zeros, s + 1, ("F", a.microbatch, s), pending, local)
                     if a.kind == "B" and s > 0:
-                        self._send(self._zeros, s, s - 1, ("B", a.microbatch, s), pending, local)
+                        self._send(self._zeros, s - 1, ("B", a.microbatch, s), pending, local)
                 elif a.kind == "F":
                     x = xs[a.microbatch] if s == 0 else inp[key].requires_grad_()
                     inp[key] = x
@@ -256,7 +255,7 @@ class PipelineExecutor:
                     if s == last:
                         loss += y.item()
                     else:
-                        self._send(y.detach(), s, s + 1, ("F", a.microbatch, s), pending, local)
+                        self._send(y.detach(), s + 1, ("F", a.microbatch, s), pending, local)
                 elif a.kind == "B":
                     g = None if s == last else grad.pop(key)
                     if sched.split_backward:              # input gradient only; keep the graph
@@ -268,7 +267,7 @@ class PipelineExecutor:
                         gx = inp[key].grad if s > 0 else None
                         del out[key], inp[key], held[key]
                     if gx is not None:
-                        self._send(gx, s, s - 1, ("B", a.microbatch, s), pending, local)
+                        self._send(gx, s - 1, ("B", a.microbatch, s), pending, local)
                 else:                                     # W: the weight gradients
                     torch.autograd.backward(out.pop(key), grad.pop(key),
                                             inputs=list(chunk.parameters()))
@@ -278,7 +277,8 @@ class PipelineExecutor:
         for w in send_works:
             w.wait()
         timeline = [(k, start, end, label) for (k, start, end), label in zip(timer.spans, labels)]
-        holds_loss = not costs and any(sched.stage(mine, c) == last for c in range(sched.chunks))
+        holds_loss = not costs and any(sched.stage(self.stage, c) == last
+                                       for c in range(sched.chunks))
         return StepRecord(self.stage, loss if holds_loss else None, timeline, peak, saved, waits,
                           (socket.gethostname(), timer.t0))
 
