@@ -5,6 +5,7 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.ddp`: data-parallel overhead against bucket size.
 * :mod:`.memory`: model states under ZeRO, activations (Korthikanti et al.), per device.
 * :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
+* :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
 """
 from .comm import (INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, bus_factor,
@@ -13,6 +14,8 @@ from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
 from .memory import (PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
                      memory_per_device, min_devices_for_states, model_state_breakdown,
                      model_state_bytes)
+from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubble,
+                       zb_h1_bubble)
 from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
                               tp_layer_time)
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params

@@ -1,0 +1,74 @@
+"""Pipeline schedule explorer: pick a schedule, p, m and v; see the Gantt chart and the bubble.
+
+Everything drawn is computed by :func:`lecture_lib.pipeline.simulate` from
+the schedule :func:`lecture_lib.pipeline.make_schedule` builds (the same
+object the executor runs); the closed form beside it is
+:func:`lecture_lib.costmodel.pipeline_bubble` (GPipe, Huang et al. 2019;
+interleaved, Narayanan et al. 2021).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from .. import plots
+from ..costmodel import pipeline_bubble, zb_h1_bubble
+from ..pipeline import NAMES, make_schedule, simulate
+
+
+def schedule_figure(name: str, p: int, m: int, v: int = 1, t_forward: float = 1.0,
+                    t_backward: float = 2.0, t_weight: float = 0.0, ax=None):
+    """Draw the simulated Gantt chart of one schedule; return (figure, simulation)."""
+    schedule = make_schedule(name, p, m, v)
+    sim = simulate(schedule, t_forward, t_backward, t_weight)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * p))
+    else:
+        fig = ax.figure
+    if name == "zb-h1":
+        theory = zb_h1_bubble(p, m, t_forward, t_backward, t_weight)
+    else:
+        theory = pipeline_bubble(p, m, v if name == "interleaved-1f1b" else 1)
+    plots.plot_timeline(ax, sim.timeline, unit="s", labels=p * m * v <= 64,
+                        title=f"{name}: p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+                        + f"; simulated bubble {sim.bubble_fraction:.1%} "
+                        f"(closed form {theory:.1%}); peak activations "
+                        f"{max(sim.peak_activations):g} micro-batches")
+    ax.set_xlabel("time (units of one stage's forward)")
+    legend = ax.get_legend()
+    ax.legend(legend.legend_handles, [t.get_text() for t in legend.get_texts()],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    return fig, sim
+
+
+def schedule_explorer(t_forward: float = 1.0, t_backward: float = 2.0, t_weight: float = 1.0):
+    """A widget: schedule, stages p, micro-batches m, chunks v -> Gantt chart and bubble.
+
+    For schedules without a split backward, B costs ``t_backward + t_weight``.
+    """
+    import ipywidgets as w
+    from IPython.display import display
+
+    name = w.Dropdown(options=NAMES, value="1f1b", description="schedule")
+    p = w.IntSlider(value=4, min=1, max=8, description="stages p")
+    m = w.IntSlider(value=8, min=1, max=32, description="micro-b. m")
+    v = w.IntSlider(value=2, min=2, max=4, description="chunks v")
+    out = w.Output()
+
+    def draw(*_):
+        v.disabled = name.value != "interleaved-1f1b"
+        with out:
+            out.clear_output(wait=True)
+            try:
+                fig, _ = schedule_figure(name.value, p.value, m.value,
+                                         v.value if not v.disabled else 1,
+                                         t_forward, t_backward, t_weight)
+            except ValueError as exc:          # e.g. interleaved with m not a multiple of p
+                print(exc)
+                return
+            display(fig)
+            plt.close(fig)
+
+    for control in (name, p, m, v):
+        control.observe(draw, names="value")
+    draw()
+    return w.VBox([w.HBox([name, p]), w.HBox([m, v]), out])
