@@ -1,0 +1,294 @@
+"""Collectives built from point-to-point messages, and a bandwidth benchmark.
+
+The idea
+--------
+Data parallel training averages gradients with an *all-reduce*: every rank
+ends with the sum (or mean) of every rank's tensor. The bandwidth-optimal way
+to do it on ``p`` ranks is the *ring* (Patarasuk & Yuan 2009, "Bandwidth
+optimal all-reduce algorithms for clusters of workstations"; Baidu's
+"ring all-reduce", 2017): cut the buffer into ``p`` chunks and
+
+1. **reduce-scatter**: in ``p - 1`` steps each rank passes one chunk to its
+   right neighbour and adds the chunk arriving from its left one; afterwards
+   rank ``r`` holds the full reduction of chunk ``r``;
+2. **all-gather**: in ``p - 1`` more steps the reduced chunks travel round the
+   ring until every rank holds all of them.
+
+Each rank sends ``2 (p - 1) / p`` of the buffer in total, whatever ``p`` is:
+that factor is the "bus factor" of :func:`lecture_lib.costmodel.bus_factor`.
+The naive alternative (everybody sends to one root, the root sends the sum
+back) makes the root move ``2 (p - 1)`` whole buffers.
+
+Everything here works on any process group (``group=None`` is the default
+group), for any tensor size (chunks differ by at most one element when the
+size is not divisible by ``p``), and reduces with ``op="sum"`` or ``"avg"``.
+
+:func:`bandwidth_sweep` times torch's collectives and ours side by side the
+way nccl-tests does (warm-ups, barrier before each timed call, median of
+repeats, slowest rank counts) and reports algorithm and bus bandwidth;
+:func:`fit_sweep` fits the alpha-beta model to the times.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from .costmodel import bus_factor, fit_alpha_beta
+from .launch import device
+from .metrics import wall_time
+
+OPS = ("sum", "avg")
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+IMPLS = ("torch", "ring", "naive")
+# torch renamed the tensor-in/tensor-out collectives; use the new names where they exist
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+# ----------------------------------------------------------------------------
+# Checks and ring arithmetic
+# ----------------------------------------------------------------------------
+
+def _ring(tensor: torch.Tensor, group, op: str | None = None) -> tuple[int, int, list[int]]:
+    """This rank's position, the group size and the group's global ranks; clear errors first."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, not {type(tensor).__name__}")
+    if op is not None and op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, not {op!r}")
+    if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"op='avg' needs a floating-point tensor, not {tensor.dtype}")
+    if not dist.is_initialized():
+        raise RuntimeError("no process group: call this inside lecture_lib.run(...) or torchrun")
+    if tensor.device != device():
+        raise ValueError(f"tensor is on {tensor.device} but this rank's device is {device()} "
+                         "(move it with .to(lecture_lib.device()))")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"global rank {dist.get_rank()} is not a member of the group "
+                         f"{dist.get_process_group_ranks(group)}")
+    return rank, dist.get_world_size(group), dist.get_process_group_ranks(group or dist.group.WORLD)
+
+
+def chunk_sizes(numel: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` chunks covering ``numel`` elements; the first ``numel % parts`` get one more."""
+    base, extra = divmod(numel, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
+    """Send to ``dst`` while receiving from ``src`` (global ranks); both sides skip empty chunks."""
+    ops = []
+    if send.numel():
+        ops.append(dist.P2POp(dist.isend, send, dst, group))
+    if recv.numel():
+        ops.append(dist.P2POp(dist.irecv, recv, src, group))
+    if ops:
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
+
+def _reduce_scatter_chunks(chunks: list[torch.Tensor], rank: int, size: int, ranks: list[int],
+                           group, trace=None) -> None:
+    """Ring reduce-scatter in place: afterwards ``chunks[rank]`` holds the sum over the group."""
+    right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
+    scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
+                          device=chunks[0].device)
+    for step in range(size - 1):
+        out, into = (rank - step - 1) % size, (rank - step - 2) % size
+        incoming = scratch[:chunks[into].numel()]
+        _exchange(chunks[out], right, incoming, left, group)
+        chunks[into] += incoming
+        if trace is not None:
+            trace.append(("reduce-scatter", step, out, into, [c.clone() for c in chunks]))
+
+
+def _all_gather_chunks(chunks: list[torch.Tensor], rank: int, size: int, ranks: list[int],
+                       group, trace=None) -> None:
+    """Ring all-gather in place: ``chunks[rank]`` is ours; afterwards every chunk is filled."""
+    right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
+    for step in range(size - 1):
+        out, into = (rank - step) % size, (rank - step - 1) % size
+        _exchange(chunks[out], right, chunks[into], left, group)
+        if trace is not None:
+            trace.append(("all-gather", step, out, into, [c.clone() for c in chunks]))
+
+
+# ----------------------------------------------------------------------------
+# The collectives
+# ----------------------------------------------------------------------------
+
+def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    """Reduce ``tensor`` over the group; return this rank's chunk of the flattened result.
+
+    Chunk ``r`` (1-D) has ``chunk_sizes(tensor.numel(), p)[r]`` elements. The
+    input is not modified.
+    """
+    rank, size, ranks = _ring(tensor, group, op)
+    flat = tensor.detach().reshape(-1).clone()
+    chunks = list(flat.split(chunk_sizes(flat.numel(), size)))
+    _reduce_scatter_chunks(chunks, rank, size, ranks, group)
+    mine = chunks[rank].clone()
+    return mine.div_(size) if op == "avg" else mine
+
+
+def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` (same shape everywhere) along dim 0, in rank order."""
+    rank, size, ranks = _ring(tensor, group)
+    flat = tensor.detach().reshape(-1)
+    out = torch.empty(size * flat.numel(), dtype=tensor.dtype, device=tensor.device)
+    chunks = list(out.split(flat.numel())) if flat.numel() else [out] * size
+    chunks[rank].copy_(flat)
+    _all_gather_chunks(chunks, rank, size, ranks, group)
+    shape = (size * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (size,)
+    return out.view(shape)
+
+
+def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None,
+                    trace: list | None = None) -> torch.Tensor:
+    """All-reduce ``tensor`` **in place** (like ``dist.all_reduce``) as ring reduce-scatter
+    followed by ring all-gather; returns ``tensor``.
+
+    With a list as ``trace``, each step appends ``(phase, step, chunk sent, chunk
+    received, copies of every chunk after the step)``: what notebook 01 draws.
+    """
+    rank, size, ranks = _ring(tensor, group, op)
+    if size == 1:
+        return tensor
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    chunks = list(flat.split(chunk_sizes(flat.numel(), size)))
+    _reduce_scatter_chunks(chunks, rank, size, ranks, group, trace)
+    if op == "avg":
+        chunks[rank].div_(size)
+    _all_gather_chunks(chunks, rank, size, ranks, group, trace)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+def naive_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, root: int = 0) -> torch.Tensor:
+    """All-reduce in place the naive way: every rank sends to ``root`` (a group rank), the
+    root adds and sends the result back to each rank. The root moves ``2 (p - 1)`` buffers."""
+    rank, size, ranks = _ring(tensor, group, op)
+    if not 0 <= root < size:
+        raise ValueError(f"root must be a rank of the group (0..{size - 1}), not {root}")
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    if rank == root:
+        incoming = torch.empty_like(flat)
+        for r in range(size):
+            if r != root:
+                dist.recv(incoming, ranks[r], group)
+                flat += incoming
+        if op == "avg":
+            flat.div_(size)
+        requests = [dist.isend(flat, ranks[r], group) for r in range(size) if r != root]
+        for request in requests:
+            request.wait()
+    elif size > 1:
+        dist.send(flat, ranks[root], group)
+        dist.recv(flat, ranks[root], group)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+def all_to_all(chunks: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """``out[j]`` on rank ``r`` is ``chunks[r]`` of rank ``j``: a transpose across ranks.
+
+    ``chunks`` holds one tensor per rank of the group, all of one shape and
+    dtype (the same on every rank). Pairwise exchange: in step ``s`` rank ``r``
+    sends to ``r + s`` and receives from ``r - s``.
+    """
+    if not isinstance(chunks, (list, tuple)) or not chunks:
+        raise TypeError("chunks must be a non-empty list of tensors, one per rank")
+    rank, size, ranks = _ring(chunks[0], group)
+    if len(chunks) != size:
+        raise ValueError(f"need one chunk per rank of the group ({size}), got {len(chunks)}")
+    for c in chunks:
+        if c.shape != chunks[0].shape or c.dtype != chunks[0].dtype or c.device != chunks[0].device:
+            raise ValueError("every chunk must have the same shape, dtype and device")
+    out = [None] * size
+    out[rank] = chunks[rank].detach().clone()
+    for step in range(1, size):
+        dst, src = (rank + step) % size, (rank - step) % size
+        out[src] = torch.empty_like(chunks[0])
+        _exchange(chunks[dst].detach().contiguous(), ranks[dst], out[src], ranks[src], group)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The bandwidth benchmark (nccl-tests' method and definitions)
+# ----------------------------------------------------------------------------
+
+def _one_call(kind: str, impl: str, size: int, group):
+    """A closure that runs one collective on a float32 buffer of ``size`` bytes (whole buffer)."""
+    p, dev = dist.get_world_size(group), device()
+    n = max(size // 4 // p * p, p)
+    buf = torch.ones(n, device=dev)
+    part = torch.empty(n // p, device=dev)
+    full = torch.empty(n, device=dev)
+    if kind == "all_reduce":
+        return {"torch": lambda: dist.all_reduce(buf, group=group),
+                "ring": lambda: ring_all_reduce(buf, group=group),
+                "naive": lambda: naive_all_reduce(buf, group=group)}[impl], n * 4
+    if kind == "reduce_scatter":
+        return {"torch": lambda: _reduce_scatter(part, buf, group=group),
+                "ring": lambda: ring_reduce_scatter(buf, group=group)}[impl], n * 4
+    return {"torch": lambda: _all_gather(full, part, group=group),
+            "ring": lambda: ring_all_gather(part, group=group)}[impl], n * 4
+
+
+def bandwidth_sweep(sizes, kinds=KINDS, impls=("torch", "ring"), warmup: int = 1,
+                    repeats: int = 3, group=None) -> list[dict]:
+    """Time each collective, implementation and message size; call on every rank.
+
+    ``sizes`` in bytes (the whole buffer, rounded down to whole float32 elements per
+    rank). Per point: ``warmup`` untimed calls, then ``repeats`` timed calls each
+    preceded by a barrier; a call's time is the slowest rank's, the point's time the
+    median. Returns rows ``{kind, impl, bytes, seconds, algbw, busbw, world_size}``
+    (bandwidths in bytes/s; busbw = algbw x :func:`~lecture_lib.costmodel.bus_factor`).
+    """
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    for impl in impls:
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
+        if impl == "naive" and set(kinds) != {"all_reduce"}:
+            raise ValueError("the naive implementation exists for all_reduce only")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, not {warmup}, {repeats}")
+    if dist.get_rank(group) < 0:
+        raise ValueError("this rank is not a member of the group")
+    p, dev = dist.get_world_size(group), device()
+    rows = []
+    for kind in kinds:
+        for size in sizes:
+            for impl in impls:
+                call, nbytes = _one_call(kind, impl, int(size), group)
+                for _ in range(warmup):
+                    call()
+                times = []
+                for _ in range(repeats):
+                    dist.barrier(group)
+                    with wall_time(dev) as t:
+                        call()
+                    slowest = torch.tensor([t.seconds], dtype=torch.float64, device=dev)
+                    dist.all_reduce(slowest, dist.ReduceOp.MAX, group=group)
+                    times.append(slowest.item())
+                seconds = statistics.median(times)
+                algbw = nbytes / seconds
+                rows.append({"kind": kind, "impl": impl, "bytes": nbytes, "seconds": seconds,
+                             "algbw": algbw, "busbw": algbw * bus_factor(kind, p),
+                             "world_size": p})
+    return rows
+
+
+def fit_sweep(rows: list[dict]) -> dict[tuple[str, str, int], tuple[float, float]]:
+    """Fit ``seconds = alpha + bytes / beta`` per (kind, impl, world_size); values ``(alpha, beta)``."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["kind"], row["impl"], row["world_size"]), []).append(row)
+    return {key: fit_alpha_beta([r["bytes"] for r in pts], [r["seconds"] for r in pts])
+            for key, pts in groups.items()}

@@ -1,0 +1,59 @@
+"""Data-parallel overhead: what bucketing the gradient all-reduce costs and saves.
+
+Stanford CS336 assignment 2 (section on bucketed DDP) models the time a
+bucketed DDP step spends *after* backward (the exposed communication) with the
+model size ``s`` (bytes of gradients), the all-reduce bandwidth ``w``
+(bytes/s), a fixed overhead ``o`` per all-reduce call (s) and ``n_b`` buckets,
+assuming every bucket but the last overlaps the backward computation:
+
+    overhead(n_b) = o * n_b + s / (w * n_b)
+
+Few buckets leave a large last bucket exposed; many buckets pay the per-call
+overhead often. The best number is ``n_b* = sqrt(s / (w o))``, i.e. a bucket
+size of ``s / n_b* = sqrt(s w o)``. :func:`fit_ddp_overhead` recovers ``w`` and
+``o`` from measured overheads by least squares (linear in ``n_b`` and ``1 / n_b``).
+"""
+from __future__ import annotations
+
+import math
+
+
+def ddp_overhead(model_bytes: float, bandwidth: float, per_call: float, n_buckets) -> float:
+    """Seconds of exposed communication per step: ``o * n_b + s / (w * n_b)``."""
+    if model_bytes < 0 or bandwidth <= 0 or per_call < 0:
+        raise ValueError("need model_bytes >= 0, bandwidth > 0 and per_call >= 0")
+    if n_buckets < 1:
+        raise ValueError(f"n_buckets must be >= 1, not {n_buckets}")
+    return per_call * n_buckets + model_bytes / (bandwidth * n_buckets)
+
+
+def best_bucket_bytes(model_bytes: float, bandwidth: float, per_call: float) -> float:
+    """The bucket size that minimises :func:`ddp_overhead`: ``sqrt(s w o)`` (at most ``s``)."""
+    if model_bytes <= 0 or bandwidth <= 0 or per_call < 0:
+        raise ValueError("need model_bytes > 0, bandwidth > 0 and per_call >= 0")
+    return min(model_bytes, math.sqrt(model_bytes * bandwidth * per_call))
+
+
+def fit_ddp_overhead(model_bytes: float, n_buckets, overheads) -> tuple[float, float]:
+    """Least-squares ``(bandwidth, per_call)`` from overheads measured at several ``n_b``.
+
+    Points are weighted by 1/overhead (relative error), as
+    :func:`lecture_lib.costmodel.fit_alpha_beta` does. A coefficient that comes out
+    negative is set to zero and the other refitted alone (``per_call = 0`` or an
+    infinite bandwidth, meaning the data show no such cost).
+    """
+    import numpy as np
+    n, y = np.asarray(n_buckets, float), np.asarray(overheads, float)
+    if len(n) < 2 or len(n) != len(y):
+        raise ValueError("need at least two (n_buckets, overhead) points of equal length")
+    if model_bytes <= 0 or (n < 1).any() or (y <= 0).any():
+        raise ValueError("need model_bytes > 0, n_buckets >= 1 and positive overheads")
+    w = 1.0 / y
+    a = np.stack([n, 1.0 / n], 1) * w[:, None]
+    (per_call, inv), *_ = np.linalg.lstsq(a, y * w, rcond=None)   # inv = s / bandwidth
+    if per_call < 0:
+        per_call, inv = 0.0, float(np.sum(w * w * y / n) / np.sum((w / n) ** 2))
+    if inv <= 0:
+        inv, per_call = 0.0, float(np.sum(w * w * y * n) / np.sum((w * n) ** 2))
+    bandwidth = model_bytes / inv if inv > 0 else math.inf
+    return float(bandwidth), float(per_call)

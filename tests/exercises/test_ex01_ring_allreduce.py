@@ -1,0 +1,61 @@
+"""ex01: ring all-reduce from send/recv. Run against solutions/ by default;
+the grader points LECTURE_EXERCISE_PATH at a student's file."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import lecture_lib
+from lecture_lib.grading import load_exercise
+
+ex = load_exercise("ex01")
+POINTS = 10
+COLLECTIVES = ("all_reduce", "reduce", "all_gather", "broadcast", "reduce_scatter",
+               "all_to_all", "gather", "scatter", "all_gather_into_tensor",
+               "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single")
+
+
+def _on_rank(numels):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("use send/recv only, not a collective")
+    for name in COLLECTIVES:                     # this rank only: its call ends with fn
+        if hasattr(dist, name):
+            setattr(dist, name, forbidden)
+    return [_one_size(n) for n in numels]
+
+
+def _one_size(numel):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(numel, dtype=torch.float32) * 7 % 5 + 10 * rank
+    before = x.clone()
+    out = ex.ring_all_reduce(x)
+    # the two halves on their own, on chunks of a flat buffer
+    flat = x.clone()
+    chunks = list(torch.tensor_split(flat, p))
+    ex.reduce_scatter_(chunks)
+    mine = chunks[rank].clone()
+    ex.all_gather_(chunks)
+    return {"out": out, "unchanged": torch.equal(x, before), "mine": mine, "gathered": flat}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_rank_gets_the_sum_for_any_size(world_size):
+    numels = (12, 7, 2)                          # divisible, not divisible, fewer than ranks
+    per_rank = lecture_lib.run(_on_rank, world_size, numels, timeout=60)
+    for i, numel in enumerate(numels):
+        results = [r[i] for r in per_rank]
+        base = torch.arange(numel, dtype=torch.float32) * 7 % 5
+        total = sum(base + 10 * r for r in range(world_size))
+        chunks = torch.tensor_split(total, world_size)
+        for rank, res in enumerate(results):
+            where = f"rank {rank} of {world_size}, {numel} elements"
+            torch.testing.assert_close(res["out"], total, msg=f"ring_all_reduce on {where}")
+            assert res["unchanged"], f"ring_all_reduce changed its input ({where})"
+            torch.testing.assert_close(res["mine"], chunks[rank],
+                                       msg=f"after reduce_scatter_, chunks[{rank}] on {where}")
+            torch.testing.assert_close(res["gathered"], total,
+                                       msg=f"after all_gather_ on {where}")
+
+
+def test_shape_is_kept():
+    out = lecture_lib.run(lambda: ex.ring_all_reduce(torch.ones(2, 3, 4)), 3, timeout=60)
+    assert all(o.shape == (2, 3, 4) and torch.all(o == 3) for o in out)

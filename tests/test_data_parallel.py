@@ -1,0 +1,168 @@
+"""lecture_lib.data_parallel: every variant trains equal to one process (rtol 1e-5)."""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import lecture_lib
+from lecture_lib import data_parallel as DP
+from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training,
+                                train_reference)
+
+CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
+DATA = MarkovText(CFG.vocab_size, CFG.seq_len, seed=1)
+BATCH, STEPS, RTOL = 8, 3, 1e-5
+# The GPT trains with SGD: the key projection's bias has an exactly-zero true gradient
+# (softmax ignores a shift shared by every key), so its computed gradient is rounding noise
+# that Adam would normalise into lr-sized steps, differing with summation order. The
+# tied/frozen model has no such parameter and trains with AdamW.
+OPTIMIZER = {"gpt": ("sgd", 0.5), "tied": ("adamw", 1e-2)}
+VARIANTS = ("naive", "flat", "individual", "bucketed", "torch")
+
+
+class TiedFrozen(nn.Module):
+    """Tied embedding/output weights and a frozen layer: the awkward cases."""
+
+    def __init__(self, seed=0, vocab=32, d=16):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = nn.Embedding(vocab, d)
+        self.frozen = nn.Linear(d, d)
+        self.mlp = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight                       # tied
+        self.register_buffer("scale", torch.ones(d))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx) * self.scale
+        x = x + torch.tanh(self.mlp(torch.relu(self.frozen(x))))
+        return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def _train_every_variant(jobs):
+    """Each job: (variant, model name, accumulation, bucket MB, sync every micro-batch)."""
+    out = {}
+    for job in jobs:
+        variant, name, accumulation, bucket, every = job
+        model = GPT(CFG, seed=0) if name == "gpt" else TiedFrozen(seed=dist.get_rank())
+        opt, lr = OPTIMIZER[name]
+        out[job] = DP.train_data_parallel(variant, model, lambda s: DATA.batch(s, BATCH),
+                                          STEPS, lr=lr, optimizer=opt, accumulation=accumulation,
+                                          bucket_size_mb=bucket, sync_every_micro_batch=every)
+    return out
+
+
+def _reference(name):
+    model = GPT(CFG, seed=0) if name == "gpt" else TiedFrozen(seed=0)
+    opt, lr = OPTIMIZER[name]
+    return train_reference(model, lambda s: DATA.batch(s, BATCH), STEPS, lr=lr, optimizer=opt)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_variant_trains_equal_to_one_process(world_size):
+    jobs = [(v, "gpt", acc, 0.01, False) for v in VARIANTS for acc in (1, 2)]
+    jobs += [("bucketed", "gpt", 1, None, False),           # one bucket
+             ("individual", "gpt", 2, None, True),          # sync every micro-batch
+             ("bucketed", "gpt", 2, 0.001, True)]
+    jobs += [(v, "tied", acc, 0.001, False) for v in ("individual", "bucketed") for acc in (1, 2)]
+    results = lecture_lib.run(_train_every_variant, world_size, jobs, timeout=240)
+    expected = {name: _reference(name) for name in ("gpt", "tied")}
+    for job in jobs:
+        for rank, per_rank in enumerate(results):
+            try:
+                assert_same_training(per_rank[job], expected[job[1]], rtol=RTOL)
+            except AssertionError as exc:
+                raise AssertionError(f"{job} on rank {rank} of {world_size}: {exc}") from None
+    frozen = expected["tied"].params["frozen.weight"]
+    assert torch.equal(TiedFrozen(seed=0).frozen.weight.detach(), frozen)
+
+
+def _replicas_on_rank():
+    out = {}
+    for variant in ("individual", "bucketed", "naive"):
+        model = TiedFrozen(seed=dist.get_rank() + 1)            # different on every rank
+        ddp = DP.wrap(variant, model, bucket_size_mb=0.001)
+        out[variant] = {k: v.clone() for k, v in model.state_dict().items()}
+        assert ddp.module is model
+    out["tied"] = ddp.module.head.weight is ddp.module.emb.weight
+    bucketed = DP.DDPBucketed(TiedFrozen(), bucket_size_mb=0.001)
+    out["buckets"] = [[n for p in b for n, q in bucketed.module.named_parameters() if q is p]
+                      for b in bucketed.buckets]
+    return out
+
+
+def test_construction_broadcasts_rank_0_and_buckets_in_reverse_order():
+    results = lecture_lib.run(_replicas_on_rank, 2, timeout=60)
+    for variant in ("individual", "bucketed", "naive"):
+        for k, v in results[1][variant].items():
+            torch.testing.assert_close(v, results[0][variant][k], rtol=0, atol=0)
+    assert results[0]["tied"]
+    flat = [n for b in results[0]["buckets"] for n in b]
+    assert flat == ["mlp.bias", "mlp.weight", "emb.weight"]   # reversed; tied once, frozen never
+    assert len(results[0]["buckets"]) > 1
+
+
+def test_make_buckets():
+    params = [torch.zeros(256), torch.zeros(64), torch.zeros(1024), torch.zeros(8)]  # floats
+    mb = 2 ** 20
+    buckets = DP.make_buckets(params, 1300 / mb)
+    assert [[p.numel() for p in b] for b in buckets] == [[8], [1024], [64, 256]]
+    assert [[p.numel() for p in b] for b in DP.make_buckets(params, None)] == [[8, 1024, 64, 256]]
+    assert len(DP.make_buckets(params, 1e-9)) == 4              # each too big: its own bucket
+
+
+def test_bad_input_before_any_process_starts():
+    model = nn.Linear(2, 2)
+    for bad in (0, -1, 0.0):
+        with pytest.raises(ValueError, match="bucket_size_mb must be > 0"):
+            DP.DDPBucketed(model, bad)
+    with pytest.raises(TypeError, match="bucket_size_mb"):
+        DP.DDPBucketed(model, "25")
+    with pytest.raises(ValueError, match="variant"):
+        DP.check_training_args("zero", 1, 1)
+    with pytest.raises(ValueError, match="accumulation"):
+        DP.check_training_args("flat", 1, 0)
+    with pytest.raises(RuntimeError, match="no process group"):
+        DP.DDPIndividualParameters(model)
+
+
+def _bad_inside_ranks():
+    errors = {}
+    group = dist.new_group([1])
+    cases = {"device": lambda: DP.DDPIndividualParameters(nn.Linear(2, 2, device="meta")),
+             "group": lambda: DP.DDPBucketed(nn.Linear(2, 2), 1, group=group),
+             "module": lambda: DP.DDPFlat("not a module")}
+    for name, call in cases.items():
+        try:
+            call()
+        except (ValueError, TypeError) as exc:
+            errors[name] = str(exc)
+    return errors
+
+
+def test_bad_input_inside_ranks_is_a_clear_error():
+    errors = lecture_lib.run(_bad_inside_ranks, 2, timeout=60)[0]
+    assert "device" in errors["device"]
+    assert "not a member of the group" in errors["group"]
+    assert "nn.Module" in errors["module"]
+
+
+def _fails_on_rank_1():
+    model = GPT(CFG, seed=0)
+    def batches(step):
+        if dist.get_rank() == 1 and step == 1:
+            raise RuntimeError("data loader broke")
+        return DATA.batch(step, BATCH)
+    return DP.train_data_parallel("bucketed", model, batches, 3, bucket_size_mb=0.01)
+
+
+def test_a_failing_rank_ends_the_call_with_its_error_and_the_next_call_works():
+    with pytest.raises(lecture_lib.RankError, match="rank 1.*data loader broke"):
+        lecture_lib.run(_fails_on_rank_1, 2, timeout=60)
+    assert lecture_lib.run(lambda: dist.get_world_size(), 2, timeout=60) == [2, 2]
