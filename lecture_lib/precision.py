@@ -1,0 +1,155 @@
+"""Memory efficiency on one device: mixed precision and activation checkpointing.
+
+Mixed precision (Micikevicius et al. 2018, "Mixed Precision Training"): the
+model computes in 16-bit floats (bf16 or fp16), so its parameters, gradients
+and activations take 2 bytes per number, while the optimizer updates fp32
+*master* copies of the weights (small updates would vanish when added to a
+16-bit weight). Adam then holds, per parameter, 2 (bf16 weights) + 2 (bf16
+gradients) + 4 (fp32 master) + 8 (fp32 moments) = 16 bytes: the "2 + 2 + K,
+K = 12" of the ZeRO paper. fp16 has a narrow exponent range, so small
+gradients underflow to zero: *dynamic loss scaling* multiplies the loss by S
+before backward, divides the gradients by S, skips the step and halves S when
+any gradient overflowed, and doubles S after a run of good steps. bf16 has
+fp32's exponent range and needs no scaling.
+
+Activation checkpointing (Chen et al. 2016, "Training Deep Nets with
+Sublinear Memory Cost"): keep only each block's input in forward and
+recompute the block's internals in backward; activation memory falls from
+``L x (a block's activations)`` to ``L x (one input) + one block's
+activations``, for one more forward pass (about a third more compute).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from .metrics import saved_tensor_bytes, state_bytes, tensor_bytes, wall_time
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class MixedPrecisionTrainer:
+    """Train ``model`` in 16-bit with fp32 master weights; ``trainer.step(x, y) -> loss``.
+
+    ``dtype``: ``"bf16"`` or ``"fp16"`` (dynamic loss scaling on by default
+    for fp16) or ``"fp32"`` (plain training, for comparison). The model is cast
+    in place; ``master`` holds the fp32 weights the optimizer steps.
+    """
+
+    def __init__(self, model: nn.Module, dtype: str = "bf16", lr: float = 1e-2,
+                 weight_decay: float = 0.01, loss_scale: float | None = None,
+                 growth_interval: int = 100):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, not {dtype!r}")
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1, not {growth_interval}")
+        self.dtype = DTYPES[dtype]
+        self.model = model
+        self.master = [p.detach().float().clone().requires_grad_(p.requires_grad)
+                       for p in model.parameters()]
+        model.to(self.dtype)
+        self.optimizer = torch.optim.AdamW(self.master, lr=lr, weight_decay=weight_decay)
+        if loss_scale is None:
+            loss_scale = 2.0 ** 16 if dtype == "fp16" else 1.0
+        if loss_scale <= 0:
+            raise ValueError(f"loss_scale must be positive, not {loss_scale}")
+        self.scale = float(loss_scale)
+        self.dynamic = dtype == "fp16"
+        self.growth_interval, self._good = growth_interval, 0
+        self.skipped = 0
+
+    def step(self, x, y) -> float:
+        """One forward, backward and (unless the gradients overflowed) optimizer step."""
+        for p in self.model.parameters():
+            p.grad = None
+        loss = self.model(x, y)
+        (loss.float() * self.scale).backward()
+        finite = True
+        with torch.no_grad():
+            for p, m in zip(self.model.parameters(), self.master):
+                m.grad = None if p.grad is None else p.grad.float() / self.scale
+                if m.grad is not None and not torch.isfinite(m.grad).all():
+                    finite = False
+            if finite:
+                self.optimizer.step()
+                for p, m in zip(self.model.parameters(), self.master):
+                    p.copy_(m)               # round the fp32 master back to 16 bits
+            for m in self.master:
+                m.grad = None                # fp32 gradients live only during the step
+        self._update_scale(finite)
+        return loss.item()
+
+    def _update_scale(self, finite: bool) -> None:
+        if not self.dynamic:
+            return
+        if not finite:
+            self.scale /= 2
+            self.skipped += 1
+            self._good = 0
+        else:
+            self._good += 1
+            if self._good % self.growth_interval == 0:
+                self.scale *= 2
+
+    def held_bytes(self) -> dict:
+        """Bytes held between steps: model params and grads; master weights + moments."""
+        held = state_bytes(self.model, self.optimizer)
+        held["optimizer"] += tensor_bytes(self.master)
+        return held
+
+
+def train_precision(make_model, batches, steps: int, dtype: str = "bf16", lr: float = 1e-2,
+                    **kwargs) -> dict:
+    """Train a fresh ``make_model()`` with :class:`MixedPrecisionTrainer`; losses and bytes."""
+    trainer = MixedPrecisionTrainer(make_model(), dtype, lr, **kwargs)
+    losses = [trainer.step(*batches(step)) for step in range(steps)]
+    n = sum(p.numel() for p in trainer.model.parameters())
+    held = trainer.held_bytes()
+    return {"losses": losses, "held": held, "bytes_per_param": sum(held.values()) / n,
+            "skipped": trainer.skipped, "scale": trainer.scale}
+
+
+# ----------------------------------------------------------------------------
+# Activation checkpointing
+# ----------------------------------------------------------------------------
+
+def checkpoint_blocks(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Recompute each of ``model.blocks`` in backward instead of keeping its activations.
+
+    Parameters and their names are unchanged, so the model trains (and
+    compares) exactly as before; ``enabled=False`` undoes it.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise TypeError(f"{type(model).__name__} has no .blocks to checkpoint")
+    for block in blocks:
+        if "forward" in vars(block):          # undo an earlier wrapping first
+            del block.forward
+        if enabled:
+            plain = block.forward
+            block.forward = lambda *args, plain=plain: checkpoint(plain, *args,
+                                                                 use_reentrant=False)
+    return model
+
+
+def activation_profile(model: nn.Module, x, y, checkpointing: bool, repeats: int = 3) -> dict:
+    """Activation bytes autograd keeps (saved-tensor hooks) and the time of a training step.
+
+    Returns ``activation_bytes`` (saved bytes less the parameters) and
+    ``step_seconds`` (the fastest of ``repeats`` forward + backward passes).
+    """
+    checkpoint_blocks(model, checkpointing)
+    try:
+        with saved_tensor_bytes() as saved:
+            loss = model(x, y)
+        loss.backward()
+        times = []
+        for _ in range(repeats):
+            model.zero_grad(set_to_none=True)
+            with wall_time(x.device) as t:
+                model(x, y).backward()
+            times.append(t.seconds)
+    finally:
+        checkpoint_blocks(model, False)
+    return {"activation_bytes": saved.activation_bytes(model), "step_seconds": min(times)}
