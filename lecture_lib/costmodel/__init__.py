@@ -1,19 +1,20 @@
 """Formulas: memory per device, FLOPs, communication volume and time, step time.
 
-One submodule per kind of cost; everything is re-exported here.
+One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.comm`: the alpha-beta model, ring-collective times, link presets.
+* :mod:`.ddp`: data-parallel overhead against bucket size.
 * :mod:`.memory`: model states under ZeRO, activations (Korthikanti et al.), per device.
+* :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
+* :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
+* :mod:`.moe`: bytes an MoE layer's all-to-alls move.
+* :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
+* :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
-from .comm import (INFINIBAND_NDR, NVLINK_H100, Link, bus_factor, collective_time,
-                   fit_alpha_beta)
-from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead  # noqa: F401
-
-__all__ = ["Link", "NVLINK_H100", "INFINIBAND_NDR", "bus_factor", "collective_time",
-           "fit_alpha_beta"]
+from .comm import (INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, bus_factor,
+                   collective_time, fit_alpha_beta)
+from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
 from .memory import (PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
                      memory_per_device, min_devices_for_states, model_state_breakdown,
                      model_state_bytes)
-
-__all__ += ["model_state_bytes", "model_state_breakdown", "activation_bytes_per_layer",
-            "memory_per_device", "min_devices_for_states", "TransformerShape", "PRESETS",
-            "check_zero_stage"]
+from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
+                              tp_layer_time)

@@ -1,0 +1,81 @@
+# Generated from solutions/ex05_tensor_parallel.py by `python -m lecture_lib.exercises`.
+# Students: fill in every NotImplementedError below, then check your work with
+#   python -m lecture_lib.grade exercises/ex05_tensor_parallel.py
+"""Exercise 05: Megatron's f and g, and the column- and row-parallel linear layers.
+
+A linear layer computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
+
+* ``ColumnParallelLinear`` keeps this rank's ``out / p`` rows of ``W`` (and of
+  ``b``): rank ``r`` holds output features ``[r * out/p, (r+1) * out/p)``.
+  Its input goes through **f** first: the identity forward, but in the backward
+  pass every rank holds only part of the input's gradient, so f all-reduces it.
+* ``RowParallelLinear`` keeps this rank's ``in / p`` columns of ``W`` and takes
+  an input already split the same way (the output of a column-parallel layer).
+  The partial products go through **g**: an all-reduce forward (sum the
+  partial results), the identity backward. The bias is added once, after g.
+
+Build each from a full ``nn.Linear`` by slicing (``torch.chunk`` is handy),
+as plain ``nn.Parameter`` tensors. Write f and g as ``torch.autograd.Function``
+classes: ``forward(ctx, x)`` and ``backward(ctx, grad)``. The all-reduce
+works in place, so reduce a copy (``x.clone()``), never the tensor autograd
+handed you. Use the default process group (``dist.all_reduce(t)``).
+
+Notebook 04 draws where f and g sit in the Megatron MLP; ``lecture_lib.tensor_parallel``
+holds the full version (sequence parallelism, attention, the vocabulary-parallel loss).
+"""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CopyToTensorParallel(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError("ex05: your code here")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("ex05: your code here")
+
+
+class ReduceFromTensorParallel(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError("ex05: your code here")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("ex05: your code here")
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's output features of ``full``; ``forward(x)`` gives this rank's columns of y."""
+
+    def __init__(self, full: nn.Linear):
+        super().__init__()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if full.out_features % size:
+            raise ValueError(f"out_features={full.out_features} is not divisible by {size} ranks")
+        raise NotImplementedError("ex05: your code here")
+
+    def forward(self, x):
+        raise NotImplementedError("ex05: your code here")
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's input features of ``full``; ``forward(x_i)`` (x split by columns) gives all of y."""
+
+    def __init__(self, full: nn.Linear):
+        super().__init__()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if full.in_features % size:
+            raise ValueError(f"in_features={full.in_features} is not divisible by {size} ranks")
+        raise NotImplementedError("ex05: your code here")
+
+    def forward(self, x):
+        raise NotImplementedError("ex05: your code here")

@@ -1,0 +1,257 @@
+"""Tensor parallelism equals one device: every layer (forward, input and weight gradients,
+rtol 1e-5) at tp = 2 and 4, the whole GPT's training, the counted bytes against the formula,
+DTensor's outputs; bad input fails before any communication."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import lecture_lib
+from lecture_lib import costmodel, models
+from lecture_lib import tensor_parallel as tp_lib
+
+RTOL, ATOL = 1e-5, 1e-6
+CFG = models.GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=4, n_layers=2)
+
+
+def _layer_checks(cfg):
+    """On every rank: each parallel layer against its one-device original.
+
+    Returns ``{layer: [(what, got, expected), ...]}``; the loss weights ``R``
+    make every output element matter for the gradients.
+    """
+    r, p = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(1)
+    checks = {}
+
+    def grads(module, ref_module):
+        full = tp_lib.gather_full(module, grads=True)
+        return [(f"grad {n}", full[n], ref.grad.clone()) for n, ref in ref_module.named_parameters()]
+
+    def run_pair(name, module, ref_module, x_full, local_in=None, local_out=None):
+        """Forward both, weight the outputs by R, backward; compare out, input grad, weights."""
+        ref_module.zero_grad(set_to_none=True)
+        x_ref = x_full.clone().requires_grad_(True)
+        y_ref = ref_module(x_ref)
+        weights = torch.randn(y_ref.shape, generator=g)
+        (y_ref * weights).sum().backward()
+        x = (local_in(x_full) if local_in else x_full).clone().requires_grad_(True)
+        y = module(x)
+        w_local = local_out(weights) if local_out else weights
+        (y * w_local).sum().backward()
+        tp_lib.sync_sequence_parallel_grads(module)
+        exp_in = local_in(x_ref.grad) if local_in else x_ref.grad
+        exp_out = local_out(y_ref.detach()) if local_out else y_ref.detach()
+        checks[name] = [("output", y.detach(), exp_out), ("input grad", x.grad, exp_in)]
+        checks[name] += grads(module, ref_module)
+
+    last = lambda t: t.chunk(p, -1)[r]             # noqa: E731  this rank's columns
+    seq = lambda t: t.chunk(p, 1)[r]               # noqa: E731  this rank's part of the sequence
+    x = torch.randn(3, cfg.seq_len, 16, generator=g)
+    full = tp_lib.seeded_linear(16, 24, seed=3)
+    run_pair("column gathered", tp_lib.ColumnParallelLinear(16, 24, gather_output=True, seed=3),
+             full, x)
+    run_pair("column split", tp_lib.ColumnParallelLinear.from_linear(full), full, x,
+             local_out=last)
+    full = tp_lib.seeded_linear(24, 16, seed=4)
+    x24 = torch.randn(3, cfg.seq_len, 24, generator=g)
+    run_pair("row from full input", tp_lib.RowParallelLinear(24, 16, input_is_parallel=False,
+                                                             seed=4), full, x24)
+    run_pair("row split input", tp_lib.RowParallelLinear.from_linear(full), full, x24,
+             local_in=last)
+    gpt = models.GPT(cfg, seed=5)
+    h = torch.randn(3, cfg.seq_len, cfg.d_model, generator=g)
+    run_pair("mlp", tp_lib.ParallelMLP(gpt.blocks[0].mlp), gpt.blocks[0].mlp, h)
+    run_pair("attention", tp_lib.ParallelSelfAttention(gpt.blocks[0].attn), gpt.blocks[0].attn, h)
+    run_pair("block", tp_lib.ParallelBlock(gpt.blocks[1]), gpt.blocks[1], h)
+    run_pair("block, sequence parallel", tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True),
+             gpt.blocks[1], h, local_in=seq, local_out=seq)
+
+    # vocabulary-parallel embedding: integer input, so no input gradient
+    idx = torch.randint(cfg.vocab_size, (3, cfg.seq_len), generator=g)
+    emb = tp_lib.VocabParallelEmbedding(gpt.tok_emb)
+    y, y_ref = emb(idx), gpt.tok_emb(idx)
+    weights = torch.randn(y_ref.shape, generator=g)
+    (y * weights).sum().backward()
+    (y_ref * weights).sum().backward()
+    checks["vocab embedding"] = [("output", y.detach(), y_ref.detach())] + grads(emb, gpt.tok_emb)
+
+    # vocabulary-parallel cross-entropy against F.cross_entropy
+    logits = torch.randn(3, cfg.seq_len, cfg.vocab_size, generator=g) * 3
+    z_ref = logits.clone().requires_grad_(True)
+    loss_ref = F.cross_entropy(z_ref.reshape(-1, cfg.vocab_size), idx.reshape(-1))
+    loss_ref.backward()
+    z = last(logits).clone().requires_grad_(True)
+    loss = tp_lib.vocab_parallel_cross_entropy(z, idx).mean()
+    loss.backward()
+    checks["vocab cross-entropy"] = [("loss", loss.detach(), loss_ref.detach()),
+                                     ("logits grad", z.grad, last(z_ref.grad))]
+
+    # the whole model's loss; the rank holds only its vocabulary slice of the logits
+    model = tp_lib.TensorParallelGPT(gpt)
+    checks["gpt loss"] = [("loss", model(idx, idx).detach(), gpt(idx, idx).detach())]
+    return checks, tuple(model(idx).shape)
+
+
+def _comm_and_checks(cfg, batch):
+    checks, logits_shape = _layer_checks(cfg)
+    blocks = {sp: tp_lib.measure_block(cfg, batch, sequence_parallel=sp) for sp in (False, True)}
+    return checks, logits_shape, blocks
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda tp: f"tp{tp}")
+def measured(request):
+    tp = request.param
+    return tp, lecture_lib.run(_comm_and_checks, tp, CFG, 2, timeout=120)
+
+
+LAYERS = ["column gathered", "column split", "row from full input", "row split input", "mlp",
+          "attention", "block", "block, sequence parallel", "vocab embedding",
+          "vocab cross-entropy", "gpt loss"]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layer_equals_one_device(measured, layer):
+    tp, results = measured
+    for rank, (checks, _, _) in enumerate(results):
+        assert checks[layer], layer
+        for what, got, expected in checks[layer]:
+            torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL,
+                                       msg=lambda m: f"tp={tp} rank {rank} {layer} {what}: {m}")
+
+
+def test_no_rank_holds_the_full_logits(measured):
+    tp, results = measured
+    for _, shape, _ in results:
+        assert shape == (3, CFG.seq_len, CFG.vocab_size // tp)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["plain", "sequence-parallel"])
+def test_counted_bytes_per_block_match_the_formula(measured, sp):
+    tp, results = measured
+    formula = costmodel.tp_block_comm(2, CFG.seq_len, CFG.d_model, tp, 4, sequence_parallel=sp)
+    for _, _, blocks in results:
+        counted = blocks[sp]["comm"]
+        for phase in ("forward", "backward"):
+            want = {k: (calls, calls * n) for k, (calls, n) in formula[phase].items()}
+            assert counted[phase] == want, (phase, counted[phase], want)
+            assert blocks[sp]["sent_bytes"][phase] == pytest.approx(
+                costmodel.sent_bytes(formula[phase], tp))
+
+
+def test_sequence_parallel_same_volume_less_activation_memory(measured):
+    tp, results = measured
+    for _, _, blocks in results:
+        plain, sp = blocks[False], blocks[True]
+        for phase in ("forward", "backward"):
+            assert sp["sent_bytes"][phase] == pytest.approx(plain["sent_bytes"][phase])
+        assert sp["activation_bytes"] < plain["activation_bytes"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {opt: tp_lib.train_reference(CFG, STEPS, batch_size=4, optimizer=opt, lr=LR[opt])
+            for opt in LR}
+
+
+STEPS, LR = 4, {"sgd": 0.3, "adamw": 1e-2}
+
+
+@pytest.mark.parametrize("tp,sp", [(2, False), (4, False), (2, True), (4, True)])
+def test_gpt_trains_equal_to_one_process(reference, tp, sp):
+    """SGD: loss curve and final parameters within rtol 1e-5 (measured: ~3e-8)."""
+    got = tp_lib.train_tensor_parallel(CFG, tp, STEPS, batch_size=4, sequence_parallel=sp,
+                                       optimizer="sgd", lr=LR["sgd"], timeout=120)
+    models.assert_same_training(got, reference["sgd"], rtol=RTOL, atol=ATOL)
+    assert got.losses[-1] < got.losses[0]
+
+
+def test_gpt_trains_equal_to_one_process_with_adamw(reference):
+    """AdamW divides each gradient by its running RMS, so an element whose gradient is
+    ~0 moves by up to lr per step on rounding noise alone: losses within rtol 1e-5
+    (measured ~1e-7), parameters within atol 2e-4 = lr / 50 (measured ~8e-5)."""
+    got = tp_lib.train_tensor_parallel(CFG, 4, STEPS, batch_size=4, sequence_parallel=True,
+                                       optimizer="adamw", lr=LR["adamw"], timeout=120)
+    models.assert_same_training(got, reference["adamw"], rtol=RTOL, atol=2e-4)
+    with pytest.raises(AssertionError):       # the check can fail: a different seed differs
+        models.assert_same_training(
+            tp_lib.train_reference(CFG, STEPS, batch_size=4, seed=1), got, rtol=RTOL, atol=2e-4)
+
+
+def test_dtensor_gives_the_same_outputs():
+    (res, *_) = lecture_lib.run(tp_lib.compare_with_dtensor, 2, 16, 64, 32, 2, timeout=120)
+    for a, b in zip(res["ours"], res["dtensor"]):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+    assert res["ours_s"] > 0 and res["dtensor_s"] > 0
+
+
+# -- bad input: a clear error before any process starts or any collective runs ----------------
+
+@pytest.mark.parametrize("change,message", [
+    (dict(n_heads=2, d_model=32), "n_heads=2"),
+    (dict(vocab_size=30), "vocab_size=30"),
+    (dict(d_ff=34), "d_ff=34"),
+])
+def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks were started")
+    monkeypatch.setattr(tp_lib, "run", no_launch)
+    cfg = models.GPTConfig(**{**CFG.__dict__, **change})
+    with pytest.raises(ValueError, match=message):
+        tp_lib.train_tensor_parallel(cfg, 4, 1)
+    with pytest.raises(ValueError, match="seq_len"):
+        tp_lib.train_tensor_parallel(models.GPTConfig(**{**CFG.__dict__, "seq_len": 6}), 4, 1,
+                                     sequence_parallel=True)
+    with pytest.raises(ValueError, match="tensor-parallel size"):
+        tp_lib.train_tensor_parallel(CFG, 0, 1)
+
+
+def _bad_layers():
+    errors = []
+    for build in (lambda: tp_lib.ColumnParallelLinear(8, 6),
+                  lambda: tp_lib.RowParallelLinear(6, 8),
+                  lambda: tp_lib.ParallelSelfAttention(
+                      models.GPT(models.GPTConfig(d_model=24, n_heads=6, n_layers=1)).blocks[0].attn),
+                  lambda: tp_lib.VocabParallelEmbedding(torch.nn.Embedding(10, 4))):
+        try:
+            with tp_lib.count_comm() as counter:
+                build()
+        except ValueError as exc:
+            errors.append((str(exc), counter.calls()))
+    return errors
+
+
+def test_layers_refuse_uneven_splits_before_communicating():
+    errors = lecture_lib.run(_bad_layers, 4, timeout=60)[0]
+    assert [calls for _, calls in errors] == [0, 0, 0, 0]
+    text = " | ".join(e for e, _ in errors)
+    for piece in ("out_features=6", "in_features=6", "n_heads=6", "vocab_size=10"):
+        assert piece in text
+
+
+def _one_rank_misconfigured():
+    out = 8 if dist.get_rank() != 1 else 7            # rank 1 alone is wrong
+    layer = tp_lib.ColumnParallelLinear(4, out, gather_output=True)
+    return layer(torch.ones(2, 4)).shape
+
+
+def test_a_failing_rank_ends_the_call_instead_of_hanging():
+    with pytest.raises(lecture_lib.RankError) as info:
+        lecture_lib.run(_one_rank_misconfigured, 2, timeout=60)
+    assert info.value.rank == 1 and "out_features=7" in str(info.value)
+
+
+def test_vocab_loss_rejects_mismatched_targets():
+    with pytest.raises(ValueError, match="must agree"):
+        tp_lib.vocab_parallel_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_cost_model_of_a_layer():
+    nv = costmodel.tp_layer_time(4, 2048, 8192, 8, costmodel.NVLINK_H100)
+    ib = costmodel.tp_layer_time(4, 2048, 8192, 8, costmodel.INFINIBAND_NDR)
+    assert nv["compute"] == ib["compute"] and ib["comm"] > 5 * nv["comm"]
+    one = costmodel.tp_layer_time(4, 2048, 8192, 1, costmodel.NVLINK_H100)
+    assert one["comm"] == 0 and nv["compute"] == pytest.approx(one["compute"] / 8)
+    assert costmodel.tp_block_comm(1, 8, 32, 1) == {"forward": {}, "backward": {}}
+    with pytest.raises(ValueError, match="tp must be"):
+        costmodel.tp_block_comm(1, 8, 32, 0)
