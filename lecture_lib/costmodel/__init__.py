@@ -16,5 +16,7 @@ from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
 from .memory import (PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
                      memory_per_device, min_devices_for_states, model_state_breakdown,
                      model_state_bytes)
+from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubble,
+                       zb_h1_bubble)
 from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
                               tp_layer_time)
