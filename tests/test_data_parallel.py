@@ -166,3 +166,44 @@ def test_a_failing_rank_ends_the_call_with_its_error_and_the_next_call_works():
     with pytest.raises(lecture_lib.RankError, match="rank 1.*data loader broke"):
         lecture_lib.run(_fails_on_rank_1, 2, timeout=60)
     assert lecture_lib.run(lambda: dist.get_world_size(), 2, timeout=60) == [2, 2]
+
+
+def test_overhead_model_and_its_fit():
+    from lecture_lib.costmodel import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
+    s, w, o = 4e6, 2e8, 1e-3
+    assert ddp_overhead(s, w, o, 4) == pytest.approx(4e-3 + s / (w * 4))
+    best = best_bucket_bytes(s, w, o)
+    n_best = s / best
+    assert ddp_overhead(s, w, o, n_best) < min(ddp_overhead(s, w, o, n_best * f) for f in (0.7, 1.4))
+    n = [1, 2, 4, 8, 16, 32]
+    got_w, got_o = fit_ddp_overhead(s, n, [ddp_overhead(s, w, o, k) for k in n])
+    assert got_w == pytest.approx(w, rel=1e-6) and got_o == pytest.approx(o, rel=1e-6)
+    # no per-call cost in the data: fitted o is zero, not negative
+    assert 0 <= fit_ddp_overhead(s, n, [s / (w * k) for k in n])[1] < 1e-12
+    with pytest.raises(ValueError):
+        ddp_overhead(s, w, o, 0)
+    with pytest.raises(ValueError):
+        fit_ddp_overhead(s, [1], [1.0])
+
+
+def _compare_on_rank():
+    configs = {"flat": dict(variant="flat"),
+               "bucketed": dict(variant="bucketed", bucket_size_mb=0.01),
+               "acc2": dict(variant="individual", accumulation=2, sync_every_micro_batch=True)}
+    return DP.compare_variants(configs, lambda: GPT(CFG, seed=0), lambda s: DATA.batch(s, BATCH),
+                               steps=2, warmup=1)
+
+
+def test_compare_variants_measures_every_config():
+    results = lecture_lib.run(_compare_on_rank, 2, timeout=120)
+    for name, r in results[0].items():
+        assert len(r["step_times"]) == 2 and min(r["step_times"]) > 0
+        assert set(r["totals"]) == {"compute", "comm", "optimizer"}
+        assert [k for k, *_ in r["spans"]][-2:] == ["comm", "optimizer"]
+        assert r["model_bytes"] == sum(p.numel() * 4 for p in GPT(CFG).parameters())
+    assert results[0]["bucketed"]["buckets"] > 1 and results[0]["flat"]["buckets"] == 0
+    assert [k for k, *_ in results[0]["acc2"]["spans"]] == ["compute", "comm", "compute", "comm",
+                                                           "optimizer"]
+    assert results[0]["flat"]["step_times"] == results[1]["flat"]["step_times"]  # slowest rank
+    with pytest.raises(ValueError, match="unknown keys"):
+        DP.compare_variants({"x": dict(variant="flat", bucket=1)}, None, None, 1)
