@@ -7,6 +7,8 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
 * :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
+* :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
+* :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
 from .comm import (INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, bus_factor,
                    collective_time, fit_alpha_beta)
@@ -19,3 +21,6 @@ from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubb
 from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
                               tp_layer_time)
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
+from .steptime import (A100_CLUSTER, H100_CLUSTER, Cluster, Parallelism, StepTime, group_link,
+                       step_time, training_flops)
+from .planner import Plan, explain, plan, rank_of

@@ -1,0 +1,99 @@
+"""Calibrate the step-time model on this machine, then check what it predicts.
+
+A cost model is only as good as its constants. Here we measure two of them on
+the machine at hand and keep everything else as the formulas of
+:mod:`lecture_lib.costmodel.steptime` say:
+
+1. the compute of one rank: two one-rank training steps of the small GPT on the
+   same batch, cut into 1 and into ``m`` micro-batches, do the same FLOPs
+   (:func:`~lecture_lib.costmodel.steptime.training_flops`); the difference is
+   the fixed cost per layer and micro-batch (``layer_overhead``) and what is
+   left of the first is FLOPs at the rank's rate. Ranks beyond the number of
+   cores share them, so a "device" here runs at ``rate * min(1, cores / ranks)``;
+2. the link: alpha and beta from a fit of measured all-reduce times
+   (:func:`lecture_lib.collectives.bandwidth_sweep` and ``fit_sweep``), turned
+   into per-step latency and bandwidth with the ring formula
+   (all-reduce = ``2 (p-1) alpha + 2 (p-1)/p n / beta``).
+
+Then :func:`predict_vs_measured` trains the small GPT under several
+``(dp, tp, pp)`` configurations with :mod:`lecture_lib.hybrid`, and sets the
+measured step time beside the model's prediction.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import launch
+from .collectives import bandwidth_sweep, fit_sweep
+from .costmodel.comm import Link, bus_factor
+from .costmodel.memory import TransformerShape
+from .costmodel.steptime import Cluster, Parallelism, step_time, training_flops
+from .hybrid import HybridConfig, step_seconds, train_hybrid
+from .models import GPTConfig
+
+
+def shape_of(cfg: GPTConfig) -> TransformerShape:
+    """The cost model's view of a :class:`GPTConfig`, with its exact parameter count."""
+    from .models import GPT
+    n = sum(p.numel() for p in GPT(cfg).parameters())
+    return TransformerShape("small GPT", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size,
+                            cfg.seq_len, n)
+
+
+def measure_link(world_size: int = 2, sizes=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22),
+                 repeats: int = 5) -> Link:
+    """Per-hop alpha (s) and beta (bytes/s) of this machine's links, from all-reduce times."""
+    rows = launch.run(bandwidth_sweep, world_size, list(sizes), ("all_reduce",), ("torch",), 1,
+                      repeats)[0]
+    a, b = fit_sweep(rows)[("all_reduce", "torch", world_size)]
+    p = world_size
+    return Link(f"this machine, measured ({launch.choose_backend(p)})",
+                alpha=a / (2 * (p - 1)), beta=b * bus_factor("all_reduce", p),
+                source="fitted to all-reduce times measured here")
+
+
+def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
+                    steps: int = 4) -> tuple[float, float]:
+    """``(rate, layer_overhead)``: FLOP/s of one rank, and seconds per layer and micro-batch."""
+    if batch_size % microbatches or microbatches < 2:
+        raise ValueError("need microbatches >= 2 dividing the batch")
+    seconds = []
+    for m in (1, microbatches):
+        _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
+        seconds.append(step_seconds(results))
+    overhead = max(seconds[1] - seconds[0], 0.0) / ((microbatches - 1) * cfg.n_layers)
+    flops = training_flops(shape_of(cfg), batch_size * cfg.seq_len)
+    return flops / (seconds[0] - overhead * cfg.n_layers), overhead
+
+
+def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
+                    cores: int | None = None) -> Cluster:
+    """This machine as the model sees it: ``ranks`` devices in one node sharing ``cores``."""
+    cores = cores or os.cpu_count() or 1
+    share = min(1.0, cores / ranks)
+    return Cluster("this machine", 1, ranks, rate * share, float("inf"), link, link,
+                   efficiency=1.0, layer_overhead=overhead / share)
+
+
+def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
+                        rate: float, overhead: float, link: Link, steps: int = 4) -> list[dict]:
+    """For each (dp, tp, pp): the modelled and the measured seconds per step."""
+    shape, rows = shape_of(cfg), []
+    for dp, tp, pp in configs:
+        m = microbatches if pp > 1 else 1
+        par = HybridConfig(dp, tp, pp, microbatches=m)
+        _, results = train_hybrid(cfg, par, batch_size, steps)
+        model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * m))
+        predicted = step_time(shape, model, machine_cluster(rate, overhead, link, dp * tp * pp),
+                              batch_size)
+        rows.append({"config": (dp, tp, pp), "predicted": predicted.total,
+                     "measured": step_seconds(results), "parts": predicted.parts()})
+    return rows
+
+
+def spearman(a, b) -> float:
+    """Rank correlation of two sequences (no ties expected in timings)."""
+    ra, rb = (np.argsort(np.argsort(np.asarray(x))) for x in (a, b))
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -1,0 +1,107 @@
+"""A configuration planner in the spirit of automatic parallelism (Alpa, OneFlow).
+
+Alpa (Zheng et al. 2022) searches inter- and intra-operator parallelism with a
+cost model; we do the same search by brute force, which a model this size
+allows: for a model, a cluster and a global batch, enumerate every
+``(dp, tp, pp, micro-batch, ZeRO stage, recomputation, inner axis)``, drop
+what does not fit in device memory (:func:`memory_per_device`), rank the rest
+by modelled step time (:func:`step_time`), and say why the winner wins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .memory import TransformerShape, memory_per_device
+from .steptime import AXES, Cluster, Parallelism, StepTime, microbatches, step_time
+
+MICRO_BATCHES = (1, 2, 4, 8)
+ZERO = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass
+class Plan:
+    parallelism: Parallelism
+    time: StepTime
+    memory: dict
+
+    @property
+    def seconds(self) -> float:
+        return self.time.total
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(shape: TransformerShape, devices: int, global_batch: int,
+               gpus_per_node: int = 8):
+    """Every configuration that divides the devices, the layers, the heads and the batch."""
+    for tp in _divisors(devices):
+        if shape.heads % tp or tp > gpus_per_node:      # tensor parallel never spans nodes
+            continue
+        for pp in _divisors(devices // tp):
+            if shape.layers % pp:
+                continue
+            dp = devices // (tp * pp)
+            for mb in MICRO_BATCHES:
+                if global_batch % (dp * mb):
+                    continue
+                m = global_batch // (dp * mb)
+                if pp > 1 and m < pp:                      # 1F1B needs m >= p to fill the pipe
+                    continue
+                for zero in ZERO if dp > 1 else (0,):
+                    for rc in RECOMPUTE:
+                        for inner in AXES:
+                            if getattr(Parallelism(dp, tp, pp), inner) == 1 and inner != "tp":
+                                continue                   # placing a size-1 axis changes nothing
+                            yield Parallelism(dp, tp, pp, mb, zero, rc, inner)
+
+
+def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int | None = None,
+         devices: int | None = None) -> list[Plan]:
+    """Configurations that fit, fastest first."""
+    devices = devices or cluster.devices
+    if global_batch < 1:
+        raise ValueError(f"global batch must be >= 1, not {global_batch}")
+    found = []
+    for par in candidates(shape, devices, global_batch, cluster.gpus_per_node):
+        mem = memory_per_device(shape, par.dp, par.tp, par.pp, par.zero_stage, par.micro_batch,
+                                recompute=par.recompute)
+        if mem["total"] > cluster.memory_bytes:
+            continue
+        found.append(Plan(par, step_time(shape, par, cluster, global_batch), mem))
+    if not found:
+        raise ValueError(f"no configuration of {shape.name} on {devices} devices with a global "
+                         f"batch of {global_batch} fits in {cluster.memory_bytes / 1e9:g} GB per "
+                         "device (is the batch divisible into micro-batches? more devices?)")
+    found.sort(key=lambda p: (p.seconds, p.memory["total"]))   # ties: the leaner one
+    return found[:top] if top else found
+
+
+def rank_of(plans: list[Plan], par: Parallelism) -> int | None:
+    """1-based position of ``par`` among ``plans`` (None when it did not fit)."""
+    for i, p in enumerate(plans, 1):
+        if p.parallelism == par:
+            return i
+    return None
+
+
+def explain(best: Plan, plans: list[Plan]) -> str:
+    """Why the winner wins, in words: its parts, and what the runners-up lost on."""
+    t, par = best.time, best.parallelism
+    parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in t.parts().items() if v > 0)
+    lines = [f"Best: {par.label()}: {t.total:.2f} s per step ({parts}); "
+             f"{best.memory['total'] / 1e9:.1f} GB per device; links {t.details['links']}."]
+    seen, runners = {(par.dp, par.tp, par.pp)}, []
+    for other in plans:                      # the best of each of the next three grids
+        grid = (other.parallelism.dp, other.parallelism.tp, other.parallelism.pp)
+        if grid not in seen and len(runners) < 3:
+            seen.add(grid)
+            runners.append(other)
+    for other in runners:
+        diff = {k: other.time.parts()[k] - v for k, v in t.parts().items()}
+        worst = max(diff, key=diff.get)
+        lines.append(f"  {other.parallelism.label()}: +{(other.seconds - t.total) * 1e3:.0f} ms, "
+                     f"mostly {worst} (+{diff[worst] * 1e3:.0f} ms)")
+    return "\n".join(lines)

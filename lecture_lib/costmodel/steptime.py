@@ -1,0 +1,193 @@
+"""Step time of 3-D parallel training: compute, bubble, and communication on a two-tier network.
+
+A training step on ``dp x tp x pp`` devices, with the global batch cut into
+``m`` micro-batches per pipeline (1F1B), costs (Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", sections 3.1-3.3):
+
+* **compute**: ``(6 N + 12 L h s) * tokens`` FLOPs for forward + backward (6 per
+  parameter per token, plus attention scores; Kaplan et al. 2020, section 2.1),
+  a third more with full recomputation (the forward runs twice), spread over
+  all devices and run at ``peak_flops * efficiency``, plus a fixed
+  ``layer_overhead`` per layer and micro-batch (launch and framework costs);
+* **pipeline bubble**: compute stretched by ``(m + p - 1) / m``
+  (:func:`lecture_lib.costmodel.pipeline_bubble`);
+* **tensor parallel**: 4 all-reduces of a micro-batch's activations
+  ``b s h`` (2 bytes each) per layer and micro-batch (2 forward, 2 backward;
+  6 with full recomputation), on the critical path;
+* **pipeline sends**: one activation forward and one gradient back per
+  micro-batch and stage boundary;
+* **data parallel**: one all-reduce of this device's gradients (2 bytes per
+  parameter) per step, or reduce-scatter + all-gather under ZeRO-1/2 (the same
+  volume), plus one more all-gather of parameters under ZeRO-3 (1.5x, the
+  ZeRO paper, section 7); it overlaps with the last micro-batch's backward.
+
+Every collective is timed with the alpha-beta model of
+:mod:`lecture_lib.costmodel.comm` over the link its group really uses: ranks
+are laid out with one axis fastest (``inner``), so a group whose ranks fit
+in one node rides NVLink, and any group spanning nodes is limited by the
+inter-node link (a ring is as fast as its slowest hop).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, collective_time
+from .memory import TransformerShape
+from .pipeline import pipeline_bubble
+
+AXES = ("dp", "pp", "tp")
+RECOMPUTE_FLOPS = {"none": 1.0, "selective": 1.0, "full": 4 / 3}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices in nodes: a compute rate, a memory size, and the two tiers of links."""
+    name: str
+    nodes: int
+    gpus_per_node: int
+    peak_flops: float             # dense 16-bit FLOP/s of one device
+    memory_bytes: float
+    intra: Link
+    inter: Link
+    efficiency: float = 0.5       # achieved share of peak on the matrix multiplies
+    layer_overhead: float = 0.0   # seconds of fixed cost per layer, micro-batch and pass
+                                  # (kernel launches, Python): negligible on big GPU models,
+                                  # dominant for the small GPT on a CPU
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+# A100 80GB: 312 TFLOP/s bf16 dense (NVIDIA A100 datasheet); the 1024-GPU cluster of the
+# Megatron-LM GPT-3 175B run (Narayanan et al. 2021, Table 1: 138 TFLOP/s per GPU achieved,
+# 44% of peak, bubble and communication included; the matrix multiplies alone run nearer 50%).
+A100_CLUSTER = Cluster("128 nodes x 8 A100 80GB (Megatron-LM 2021)", 128, 8, 312e12, 80e9,
+                       NVLINK_A100, INFINIBAND_HDR, efficiency=0.5)
+# H100 SXM: 989 TFLOP/s bf16 dense (NVIDIA H100 datasheet).
+H100_CLUSTER = Cluster("128 nodes x 8 H100 80GB", 128, 8, 989e12, 80e9,
+                       NVLINK_H100, INFINIBAND_NDR, efficiency=0.4)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """One configuration: the grid, the micro-batching, ZeRO, recomputation, and placement."""
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    inner: str = "tp"             # the axis whose ranks are adjacent (inside a node first)
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "micro_batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+        if self.inner not in AXES:
+            raise ValueError(f"inner must be one of {AXES}, not {self.inner!r}")
+        if self.recompute not in RECOMPUTE_FLOPS:
+            raise ValueError(f"recompute must be one of {list(RECOMPUTE_FLOPS)}")
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def order(self) -> tuple[str, ...]:
+        """Axes from slowest to fastest: ``inner`` last, the others in dp, pp, tp order."""
+        return tuple(a for a in AXES if a != self.inner) + (self.inner,)
+
+    def label(self) -> str:
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} mb{self.micro_batch} "
+                f"zero{self.zero_stage} rc:{self.recompute} inner:{self.inner}")
+
+
+def group_link(par: Parallelism, axis: str, cluster: Cluster) -> Link | None:
+    """The link a group along ``axis`` is limited by (None for a group of one)."""
+    size = getattr(par, axis)
+    if size == 1:
+        return None
+    order = par.order()
+    stride = 1
+    for a in order[order.index(axis) + 1:]:
+        stride *= getattr(par, a)
+    return cluster.intra if stride * size <= cluster.gpus_per_node else cluster.inter
+
+
+def training_flops(shape: TransformerShape, tokens: float, recompute: str = "none") -> float:
+    """FLOPs of forward + backward over ``tokens`` tokens (recomputation included)."""
+    per_token = 6 * shape.num_params + 12 * shape.layers * shape.hidden * shape.seq_len
+    return per_token * tokens * RECOMPUTE_FLOPS[recompute]
+
+
+@dataclass
+class StepTime:
+    compute: float
+    bubble: float
+    tp_comm: float
+    pp_comm: float
+    dp_comm: float               # exposed (not hidden behind backward)
+    microbatches: int
+    details: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.tp_comm + self.pp_comm + self.dp_comm
+
+    def parts(self) -> dict:
+        return {"compute": self.compute, "pipeline bubble": self.bubble,
+                "tensor-parallel comm": self.tp_comm, "pipeline comm": self.pp_comm,
+                "data-parallel comm (exposed)": self.dp_comm}
+
+
+def microbatches(global_batch: int, par: Parallelism) -> int:
+    """Micro-batches per pipeline per step; a clear error when the batch does not divide."""
+    if global_batch < 1:
+        raise ValueError(f"global batch must be >= 1, not {global_batch}")
+    per_replica, rest = divmod(global_batch, par.dp * par.micro_batch)
+    if rest or per_replica == 0:
+        raise ValueError(f"global batch {global_batch} is not a whole number of micro-batches "
+                         f"of {par.micro_batch} on {par.dp} data-parallel replicas")
+    return per_replica
+
+
+def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
+              global_batch: int) -> StepTime:
+    """Modelled seconds per training step, split into its parts."""
+    if shape.layers % par.pp:
+        raise ValueError(f"pp={par.pp} does not divide {shape.layers} layers")
+    if shape.heads % par.tp:
+        raise ValueError(f"tp={par.tp} does not divide {shape.heads} heads")
+    m = microbatches(global_batch, par)
+    tokens = global_batch * shape.seq_len
+    rate = cluster.peak_flops * cluster.efficiency
+    compute = training_flops(shape, tokens, par.recompute) / par.devices / rate
+    compute += cluster.layer_overhead * m * (shape.layers // par.pp)
+    bubble = compute * pipeline_bubble(par.pp, m) / (1 - pipeline_bubble(par.pp, m))
+
+    act_bytes = 2 * par.micro_batch * shape.seq_len * shape.hidden
+    layers_here = shape.layers // par.pp
+    tp_link = group_link(par, "tp", cluster)
+    tp_comm = 0.0
+    if tp_link:
+        per_layer = 6 if par.recompute == "full" else 4
+        tp_comm = (m * layers_here * per_layer
+                   * collective_time("all_reduce", act_bytes, par.tp, tp_link))
+    pp_link = group_link(par, "pp", cluster)
+    pp_comm = 2 * m * (pp_link.alpha + act_bytes / par.tp / pp_link.beta) if pp_link else 0.0
+
+    dp_link = group_link(par, "dp", cluster)
+    dp_comm = 0.0
+    if dp_link:
+        grad_bytes = 2 * shape.num_params / (par.tp * par.pp)
+        dp_total = collective_time("all_reduce", grad_bytes, par.dp, dp_link)
+        if par.zero_stage == 3:
+            dp_total *= 1.5
+        last_backward = (compute / m) * 2 / 3
+        dp_comm = max(0.0, dp_total - last_backward)
+    details = {"flops_per_device": training_flops(shape, tokens, par.recompute) / par.devices,
+               "links": {a: (group_link(par, a, cluster).name if group_link(par, a, cluster)
+                             else "-") for a in AXES}}
+    return StepTime(compute, bubble, tp_comm, pp_comm, dp_comm, m, details)

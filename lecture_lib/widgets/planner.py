@@ -1,0 +1,85 @@
+"""The configuration planner as a widget: model, cluster and batch in; ranked plans out.
+
+``planner_explorer()`` returns an ipywidgets panel. Every number comes from
+:func:`lecture_lib.costmodel.planner.plan` (memory: ZeRO paper and
+Korthikanti et al. 2022; time: :mod:`lecture_lib.costmodel.steptime`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import matplotlib.pyplot as plt
+
+from .. import plots
+from ..costmodel.memory import PRESETS
+from ..costmodel.planner import explain, plan
+from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
+
+CLUSTERS = {"A100 80GB, NVLink 3 + HDR InfiniBand": A100_CLUSTER,
+            "H100 80GB, NVLink 4 + NDR InfiniBand": H100_CLUSTER}
+PART_COLORS = ["#4C72B0", "#DDDDDD", "#C44E52", "#8172B3", "#DD8452"]
+
+
+def plan_figure(preset: str, cluster: str, nodes: int, global_batch: int, top: int = 8):
+    """A stacked bar per plan (fastest first) of the modelled step time's parts."""
+    if preset not in PRESETS or cluster not in CLUSTERS:
+        raise ValueError(f"unknown preset {preset!r} or cluster {cluster!r}")
+    machine = replace(CLUSTERS[cluster], nodes=nodes)
+    plans = plan(PRESETS[preset], machine, global_batch)
+    best = plans[:top]
+    plots.use_style()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(best) + 1.5))
+    for row, p in enumerate(best):
+        left = 0.0
+        for (part, sec), color in zip(p.time.parts().items(), PART_COLORS):
+            ax.barh(row, sec, left=left, color=color, label=part if row == 0 else None)
+            left += sec
+    ax.set_yticks(range(len(best)), [p.parallelism.label() for p in best], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("modelled seconds per step")
+    ax.set_title(f"{preset} on {machine.devices} GPUs, global batch {global_batch}: "
+                 f"{len(plans)} configurations fit")
+    ax.legend(fontsize=7, loc="lower right")
+    plots.stamp(fig, text="modelled: lecture_lib.costmodel (alpha-beta links, 1F1B bubble, "
+                          "ZeRO + Korthikanti memory)")
+    fig.tight_layout()
+    return fig, plans
+
+
+def planner_explorer():
+    """The interactive panel (a notebook cell ends with it)."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    style = {"description_width": "100px"}
+    controls = {
+        "preset": w.Dropdown(options=list(PRESETS), value="GPT-3 175B", description="model",
+                             style=style),
+        "cluster": w.Dropdown(options=list(CLUSTERS), description="cluster", style=style),
+        "nodes": w.BoundedIntText(128, min=1, max=4096, description="nodes of 8", style=style),
+        "global_batch": w.BoundedIntText(1536, min=1, max=1 << 20, description="global batch",
+                                         style=style),
+    }
+    out = w.Output()
+    state = {"plans": None, "error": None}
+
+    def update(*_):
+        out.clear_output(wait=True)
+        with out:
+            try:
+                fig, plans = plan_figure(**{k: c.value for k, c in controls.items()})
+            except ValueError as e:
+                state.update(plans=None, error=str(e))
+                print(state["error"])
+                return
+            state.update(plans=plans, error=None)
+            print(explain(plans[0], plans))
+            display(fig)
+            plt.close(fig)
+
+    for c in controls.values():
+        c.observe(update, names="value")
+    update()
+    panel = w.VBox([w.HBox(list(controls.values())), out])
+    panel.controls, panel.update, panel.state = controls, update, state
+    return panel

@@ -1,0 +1,41 @@
+"""Calibration on this machine: the pieces, and one small end-to-end run."""
+import pytest
+
+from lecture_lib import calibration
+from lecture_lib.costmodel.comm import Link
+from lecture_lib.models import GPTConfig
+
+TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
+
+
+def test_spearman():
+    assert calibration.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1)
+    assert calibration.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+
+
+def test_ranks_share_the_cores():
+    link = Link("l", 1e-4, 1e9)
+    two, four = (calibration.machine_cluster(1e9, 1e-3, link, r, cores=2) for r in (2, 4))
+    assert two.peak_flops == 1e9 and four.peak_flops == 0.5e9
+    assert four.layer_overhead == 2e-3 and four.gpus_per_node == 4
+
+
+def test_shape_counts_parameters_exactly():
+    from lecture_lib.models import GPT
+    assert calibration.shape_of(TINY).num_params == sum(p.numel() for p in GPT(TINY).parameters())
+
+
+def test_end_to_end_small():
+    link = calibration.measure_link(2, sizes=(2 ** 12, 2 ** 18), repeats=2)
+    assert link.alpha >= 0 and link.beta > 0
+    rate, overhead = calibration.measure_compute(TINY, 8, microbatches=2, steps=2)
+    assert rate > 0 and overhead >= 0
+    rows = calibration.predict_vs_measured(TINY, [(1, 1, 1), (2, 1, 1)], 8, 2, rate, overhead,
+                                           link, steps=2)
+    assert [r["config"] for r in rows] == [(1, 1, 1), (2, 1, 1)]
+    assert all(r["predicted"] > 0 and r["measured"] > 0 for r in rows)
+
+
+def test_bad_microbatches():
+    with pytest.raises(ValueError, match="microbatches"):
+        calibration.measure_compute(TINY, 8, microbatches=3)

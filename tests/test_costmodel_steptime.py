@@ -1,0 +1,87 @@
+"""The step-time model, the planner, and the GPT-3 175B example."""
+import pytest
+
+from lecture_lib.costmodel import PRESETS, pipeline_bubble
+from lecture_lib.costmodel.comm import Link
+from lecture_lib.costmodel.planner import candidates, explain, plan, rank_of
+from lecture_lib.costmodel.steptime import (A100_CLUSTER, Cluster, Parallelism, group_link,
+                                            microbatches, step_time, training_flops)
+
+GPT3 = PRESETS["GPT-3 175B"]
+LECTURE = Parallelism(dp=8, tp=8, pp=16, micro_batch=1, zero_stage=1, recompute="full")
+
+
+def test_placement_decides_the_link():
+    c = A100_CLUSTER
+    assert group_link(LECTURE, "tp", c) is c.intra            # tp innermost: 8 ranks, one node
+    assert group_link(LECTURE, "pp", c) is c.inter
+    assert group_link(LECTURE, "dp", c) is c.inter
+    dp_inner = Parallelism(dp=8, tp=8, pp=16, inner="dp")
+    assert group_link(dp_inner, "dp", c) is c.intra and group_link(dp_inner, "tp", c) is c.inter
+    assert group_link(Parallelism(dp=1, tp=8), "dp", c) is None
+
+
+def test_gpt3_lecture_configuration():
+    t = step_time(GPT3, LECTURE, A100_CLUSTER, global_batch=1536)
+    assert t.microbatches == 1536 // 8
+    # compute: (6N + 12 L h s) FLOPs per token x 4/3 (full recomputation), at 50% of 312 TFLOP/s
+    tokens = 1536 * 2048
+    flops = (6 * 175e9 + 12 * 96 * 12288 * 2048) * tokens * 4 / 3
+    assert t.compute == pytest.approx(flops / 1024 / (0.5 * 312e12))
+    assert t.bubble == pytest.approx(t.compute * 15 / 192)    # (p - 1) / m of the compute
+    assert t.bubble / (t.compute + t.bubble) == pytest.approx(pipeline_bubble(16, 192))
+    # the Megatron-LM paper measured ~32 s per step here (138 TFLOP/s per GPU, its Table 1)
+    assert 25 < t.total < 45
+    assert t.tp_comm > t.pp_comm and t.tp_comm > t.dp_comm
+
+
+def test_tensor_parallel_across_nodes_is_much_slower():
+    inside = step_time(GPT3, LECTURE, A100_CLUSTER, 1536)
+    across = step_time(GPT3, Parallelism(dp=8, tp=8, pp=16, zero_stage=1, recompute="full",
+                                         inner="dp"), A100_CLUSTER, 1536)
+    assert across.tp_comm > 5 * inside.tp_comm
+
+
+def test_more_devices_less_compute_per_device():
+    one = step_time(GPT3, Parallelism(dp=1, tp=8, pp=16), A100_CLUSTER, 1536)
+    eight = step_time(GPT3, Parallelism(dp=8, tp=8, pp=16), A100_CLUSTER, 1536)
+    assert one.compute == pytest.approx(8 * eight.compute)
+
+
+def test_training_flops_per_token():
+    assert training_flops(GPT3, 1) == pytest.approx(6 * 175e9 + 12 * 96 * 12288 * 2048)
+
+
+def test_planner_ranks_what_fits_and_finds_the_lecture_config():
+    plans = plan(GPT3, A100_CLUSTER, 1536)
+    assert plans and all(p.memory["total"] <= 80e9 for p in plans)
+    assert [p.seconds for p in plans] == sorted(p.seconds for p in plans)
+    position = rank_of(plans, LECTURE)
+    assert position is not None and position > 1
+    assert plans[0].seconds <= plans[position - 1].seconds
+    text = explain(plans[0], plans)
+    assert text.startswith("Best: ") and "s per step" in text
+    # pure data parallelism cannot hold 175B parameters in 80 GB, whatever the ZeRO stage
+    assert all(not (p.parallelism.tp == 1 and p.parallelism.pp == 1) for p in plans)
+
+
+def test_candidates_respect_divisibility():
+    for par in candidates(GPT3, 64, 512):
+        assert par.devices == 64 and 96 % par.pp == 0 and 96 % par.tp == 0
+        assert 512 % (par.dp * par.micro_batch) == 0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="not a whole number of micro-batches"):
+        microbatches(100, Parallelism(dp=8, micro_batch=1))
+    with pytest.raises(ValueError, match="no configuration"):
+        plan(GPT3, Cluster("tiny", 1, 8, 1e15, 16e9, Link("a", 1e-6, 1e11),
+                           Link("b", 1e-5, 1e10)), 1536)
+    with pytest.raises(ValueError, match="global batch"):
+        plan(GPT3, A100_CLUSTER, 0)
+    with pytest.raises(ValueError, match="does not divide"):
+        step_time(GPT3, Parallelism(pp=5), A100_CLUSTER, 1536)
+    with pytest.raises(ValueError, match="inner"):
+        Parallelism(inner="ep")
+    with pytest.raises(ValueError, match="dp"):
+        Parallelism(dp=0)
