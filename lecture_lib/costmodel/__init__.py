@@ -13,7 +13,7 @@ One submodule per kind of cost; the names below are re-exported here.
 from .comm import (INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, bus_factor,
                    collective_time, fit_alpha_beta)
 from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
-from .memory import (PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
+from .memory import (GB, PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
                      memory_per_device, min_devices_for_states, model_state_breakdown,
                      model_state_bytes)
 from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubble,
