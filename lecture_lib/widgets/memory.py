@@ -14,6 +14,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from .. import plots
+from . import explorer
 from ..costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 
 KINDS = ("params", "grads", "optimizer", "activations")
@@ -68,7 +69,6 @@ def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp:
 def memory_calculator():
     """The interactive panel (a notebook cell ends with it)."""
     import ipywidgets as w
-    from IPython.display import display
 
     style = {"description_width": "110px"}
     controls = {
@@ -88,26 +88,12 @@ def memory_calculator():
         "seq_len": w.BoundedIntText(2048, min=1, max=1 << 20, description="sequence length",
                                     style=style),
     }
-    out = w.Output()
-    state = {"bars": None, "error": None}       # what is shown now (for tests and readers)
+    def render(**values):
+        try:
+            fig, bars = calculator_figure(**values)
+        except ValueError as e:
+            raise ValueError(f"not a valid configuration: {e}") from None
+        return fig, {"bars": bars}
 
-    def update(*_):
-        out.clear_output(wait=True)
-        with out:
-            try:
-                fig, bars = calculator_figure(**{k: c.value for k, c in controls.items()})
-            except ValueError as e:
-                state.update(bars=None, error=f"not a valid configuration: {e}")
-                print(state["error"])
-                return
-            state.update(bars=bars, error=None)
-            display(fig)
-            plt.close(fig)
-
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    panel = w.VBox([w.HBox([w.VBox(list(controls.values())[:5]),
-                            w.VBox(list(controls.values())[5:])]), out])
-    panel.controls, panel.update, panel.state = controls, update, state
-    return panel
+    rows = [w.HBox([w.VBox(list(controls.values())[:5]), w.VBox(list(controls.values())[5:])])]
+    return explorer(controls, render, rows)

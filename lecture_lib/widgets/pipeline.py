@@ -11,6 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from .. import plots
+from . import explorer
 from ..costmodel import pipeline_bubble, zb_h1_bubble
 from ..pipeline import NAMES, make_schedule, simulate
 
@@ -46,29 +47,19 @@ def schedule_explorer(t_forward: float = 1.0, t_backward: float = 2.0, t_weight:
     For schedules without a split backward, B costs ``t_backward + t_weight``.
     """
     import ipywidgets as w
-    from IPython.display import display
 
     name = w.Dropdown(options=NAMES, value="1f1b", description="schedule")
     p = w.IntSlider(value=4, min=1, max=8, description="stages p")
     m = w.IntSlider(value=8, min=1, max=32, description="micro-b. m")
     v = w.IntSlider(value=2, min=2, max=4, description="chunks v")
-    out = w.Output()
+    controls = {"name": name, "p": p, "m": m, "v": v}
 
-    def draw(*_):
-        v.disabled = name.value != "interleaved-1f1b"
-        with out:
-            out.clear_output(wait=True)
-            try:
-                fig, _ = schedule_figure(name.value, p.value, m.value,
-                                         v.value if not v.disabled else 1,
-                                         t_forward, t_backward, t_weight)
-            except ValueError as exc:          # e.g. interleaved with m not a multiple of p
-                print(exc)
-                return
-            display(fig)
-            plt.close(fig)
+    def render(name, p, m, v):
+        interleaved = name == "interleaved-1f1b"
+        fig, sim = schedule_figure(name, p, m, v if interleaved else 1,
+                                   t_forward, t_backward, t_weight)
+        return fig, {"simulation": sim}
 
-    for control in (name, p, m, v):
-        control.observe(draw, names="value")
-    draw()
-    return w.VBox([w.HBox([name, p]), w.HBox([m, v]), out])
+    name.observe(lambda _: setattr(v, "disabled", name.value != "interleaved-1f1b"), names="value")
+    v.disabled = name.value != "interleaved-1f1b"
+    return explorer(controls, render, [w.HBox([name, p]), w.HBox([m, v])])

@@ -11,6 +11,7 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from .. import plots
+from . import explorer
 from ..costmodel.memory import PRESETS
 from ..costmodel.planner import explain, plan
 from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
@@ -49,7 +50,6 @@ def plan_figure(preset: str, cluster: str, nodes: int, global_batch: int, top: i
 def planner_explorer():
     """The interactive panel (a notebook cell ends with it)."""
     import ipywidgets as w
-    from IPython.display import display
 
     style = {"description_width": "100px"}
     controls = {
@@ -60,26 +60,8 @@ def planner_explorer():
         "global_batch": w.BoundedIntText(1536, min=1, max=1 << 20, description="global batch",
                                          style=style),
     }
-    out = w.Output()
-    state = {"plans": None, "error": None}
+    def render(**values):
+        fig, plans = plan_figure(**values)
+        return fig, {"plans": plans, "text": explain(plans[0], plans)}
 
-    def update(*_):
-        out.clear_output(wait=True)
-        with out:
-            try:
-                fig, plans = plan_figure(**{k: c.value for k, c in controls.items()})
-            except ValueError as e:
-                state.update(plans=None, error=str(e))
-                print(state["error"])
-                return
-            state.update(plans=plans, error=None)
-            print(explain(plans[0], plans))
-            display(fig)
-            plt.close(fig)
-
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    panel = w.VBox([w.HBox(list(controls.values())), out])
-    panel.controls, panel.update, panel.state = controls, update, state
-    return panel
+    return explorer(controls, render)
