@@ -43,10 +43,10 @@ def shape_of(cfg: GPTConfig) -> TransformerShape:
 
 
 def measure_link(world_size: int = 2, sizes=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22),
-                 repeats: int = 5) -> Link:
+                 repeats: int = 5, warmup: int = 3) -> Link:
     """Per-hop alpha (s) and beta (bytes/s) of this machine's links, from all-reduce times."""
-    rows = launch.run(bandwidth_sweep, world_size, list(sizes), ("all_reduce",), ("torch",), 1,
-                      repeats)[0]
+    rows = launch.run(bandwidth_sweep, world_size, list(sizes), ("all_reduce",), ("torch",),
+                      warmup, repeats)[0]
     a, b = fit_sweep(rows)[("all_reduce", "torch", world_size)]
     p = world_size
     return Link(f"this machine, measured ({launch.choose_backend(p)})",

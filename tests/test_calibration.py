@@ -26,7 +26,7 @@ def test_shape_counts_parameters_exactly():
 
 
 def test_end_to_end_small():
-    link = calibration.measure_link(2, sizes=(2 ** 12, 2 ** 22), repeats=3)
+    link = calibration.measure_link(2, sizes=(2 ** 10, 2 ** 23), repeats=5, warmup=3)
     assert link.alpha >= 0 and link.beta > 0
     rate, overhead = calibration.measure_compute(TINY, 8, microbatches=2, steps=2)
     assert rate > 0 and overhead >= 0
