@@ -87,7 +87,7 @@ def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: 
         _, results = train_hybrid(cfg, par, batch_size, steps)
         model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * m))
         predicted = step_time(shape, model, machine_cluster(rate, overhead, link, dp * tp * pp),
-                              batch_size)
+                              batch_size, value_bytes=4)          # the small runs train in fp32
         rows.append({"config": (dp, tp, pp), "predicted": predicted.total,
                      "measured": step_seconds(results), "parts": predicted.parts()})
     return rows

@@ -154,8 +154,12 @@ def microbatches(global_batch: int, par: Parallelism) -> int:
 
 
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
-              global_batch: int) -> StepTime:
-    """Modelled seconds per training step, split into its parts."""
+              global_batch: int, value_bytes: int = 2) -> StepTime:
+    """Modelled seconds per training step, split into its parts.
+
+    ``value_bytes``: bytes of one activation or gradient value on the wire (2 for the
+    16-bit training of large models, 4 for fp32 training as in the course's small runs).
+    """
     if shape.layers % par.pp:
         raise ValueError(f"pp={par.pp} does not divide {shape.layers} layers")
     if shape.heads % par.tp:
@@ -167,7 +171,7 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     compute += cluster.layer_overhead * m * (shape.layers // par.pp)
     bubble = compute * pipeline_bubble(par.pp, m) / (1 - pipeline_bubble(par.pp, m))
 
-    act_bytes = 2 * par.micro_batch * shape.seq_len * shape.hidden
+    act_bytes = value_bytes * par.micro_batch * shape.seq_len * shape.hidden
     layers_here = shape.layers // par.pp
     tp_link = group_link(par, "tp", cluster)
     tp_comm = 0.0
@@ -181,7 +185,7 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     dp_link = group_link(par, "dp", cluster)
     dp_comm = 0.0
     if dp_link:
-        grad_bytes = 2 * shape.num_params / (par.tp * par.pp)
+        grad_bytes = value_bytes * shape.num_params / (par.tp * par.pp)
         dp_total = collective_time("all_reduce", grad_bytes, par.dp, dp_link)
         if par.zero_stage == 3:
             dp_total *= 1.5
