@@ -9,7 +9,7 @@ from lecture_lib import calibration
 from lecture_lib.models import GPTConfig
 small = GPTConfig()
 link = calibration.measure_link(2)
-rate, overhead = calibration.measure_compute(small, 16, microbatches=4)
+rate, overhead, _ = calibration.measure_compute(small, 16, microbatches=4)
 print(f"link alpha {link.alpha*1e6:.0f} us beta {link.beta/1e9:.2f} GB/s; rate {rate/1e9:.2f} GFLOP/s; overhead {overhead*1e3:.2f} ms/layer/microbatch")
 CONFIGS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 1, 4)]
 rows = calibration.predict_vs_measured(small, CONFIGS, 16, 4, rate, overhead, link)

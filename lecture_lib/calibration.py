@@ -22,6 +22,7 @@ measured step time beside the model's prediction.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,18 +55,35 @@ def measure_link(world_size: int = 2, sizes=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22)
                 source="fitted to all-reduce times measured here")
 
 
+class ComputeFit(NamedTuple):
+    """What :func:`measure_compute` found: the rank's FLOP/s, the seconds per layer and
+    micro-batch, and the two measured step times (1 and ``microbatches`` micro-batches)
+    they were fitted to."""
+    rate: float
+    overhead: float
+    seconds: tuple[float, float]
+
+
+def fit_compute(cfg: GPTConfig, batch_size: int, microbatches: int,
+                seconds_one: float, seconds_many: float) -> ComputeFit:
+    """Solve for ``(rate, overhead)`` from one-rank step times with 1 and ``microbatches``
+    micro-batches (the same FLOPs, ``microbatches - 1`` more passes through every layer)."""
+    overhead = max(seconds_many - seconds_one, 0.0) / ((microbatches - 1) * cfg.n_layers)
+    flops = training_flops(shape_of(cfg), batch_size * cfg.seq_len)
+    return ComputeFit(flops / (seconds_one - overhead * cfg.n_layers), overhead,
+                      (seconds_one, seconds_many))
+
+
 def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
-                    steps: int = 4) -> tuple[float, float]:
-    """``(rate, layer_overhead)``: FLOP/s of one rank, and seconds per layer and micro-batch."""
+                    steps: int = 4) -> ComputeFit:
+    """Time one rank's training step with 1 and ``microbatches`` micro-batches and fit."""
     if batch_size % microbatches or microbatches < 2:
         raise ValueError("need microbatches >= 2 dividing the batch")
     seconds = []
     for m in (1, microbatches):
         _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
         seconds.append(step_seconds(results))
-    overhead = max(seconds[1] - seconds[0], 0.0) / ((microbatches - 1) * cfg.n_layers)
-    flops = training_flops(shape_of(cfg), batch_size * cfg.seq_len)
-    return flops / (seconds[0] - overhead * cfg.n_layers), overhead
+    return fit_compute(cfg, batch_size, microbatches, *seconds)
 
 
 def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
@@ -77,17 +95,25 @@ def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
                    efficiency=1.0, layer_overhead=overhead / share)
 
 
+def predict(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int, microbatches: int,
+            rate: float, overhead: float, link: Link):
+    """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one (dp, tp, pp)
+    run of the small GPT on this machine, trained in fp32 as the course's runs are."""
+    dp, tp, pp = config
+    model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * microbatches))
+    return step_time(shape_of(cfg), model, machine_cluster(rate, overhead, link, dp * tp * pp),
+                     batch_size, value_bytes=4)
+
+
 def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
                         rate: float, overhead: float, link: Link, steps: int = 4) -> list[dict]:
-    """For each (dp, tp, pp): the modelled and the measured seconds per step."""
-    shape, rows = shape_of(cfg), []
+    """For each (dp, tp, pp): the modelled and the measured seconds per step
+    (``microbatches`` micro-batches where there is a pipeline, else one)."""
+    rows = []
     for dp, tp, pp in configs:
         m = microbatches if pp > 1 else 1
-        par = HybridConfig(dp, tp, pp, microbatches=m)
-        _, results = train_hybrid(cfg, par, batch_size, steps)
-        model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * m))
-        predicted = step_time(shape, model, machine_cluster(rate, overhead, link, dp * tp * pp),
-                              batch_size, value_bytes=4)          # the small runs train in fp32
+        _, results = train_hybrid(cfg, HybridConfig(dp, tp, pp, microbatches=m), batch_size, steps)
+        predicted = predict(cfg, (dp, tp, pp), batch_size, m, rate, overhead, link)
         rows.append({"config": (dp, tp, pp), "predicted": predicted.total,
                      "measured": step_seconds(results), "parts": predicted.parts()})
     return rows

@@ -28,12 +28,29 @@ def test_shape_counts_parameters_exactly():
 def test_end_to_end_small():
     link = calibration.measure_link(2, sizes=(2 ** 10, 2 ** 23), repeats=5, warmup=3)
     assert link.alpha >= 0 and link.beta > 0
-    rate, overhead = calibration.measure_compute(TINY, 8, microbatches=2, steps=2)
-    assert rate > 0 and overhead >= 0
+    rate, overhead, seconds = calibration.measure_compute(TINY, 8, microbatches=2, steps=2)
+    assert rate > 0 and overhead >= 0 and min(seconds) > 0
     rows = calibration.predict_vs_measured(TINY, [(1, 1, 1), (2, 1, 1)], 8, 2, rate, overhead,
                                            link, steps=2)
     assert [r["config"] for r in rows] == [(1, 1, 1), (2, 1, 1)]
     assert all(r["predicted"] > 0 and r["measured"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("one, many", [(0.100, 0.130), (0.100, 0.100)])
+def test_fit_reproduces_the_runs_it_was_fitted_to(one, many):
+    link = Link("l", 1e-4, 1e9)
+    fit = calibration.fit_compute(TINY, 8, 4, one, many)
+    assert fit.seconds == (one, many) and fit.rate > 0
+    for m, seconds in ((1, one), (4, many)):
+        got = calibration.predict(TINY, (1, 1, 1), 8, m, fit.rate, fit.overhead, link).total
+        assert got == pytest.approx(seconds, rel=1e-12)
+
+
+def test_fit_clamps_a_negative_overhead():
+    """Noise can make the many-micro-batch run faster; overhead is then 0, not negative."""
+    fit = calibration.fit_compute(TINY, 8, 4, 0.100, 0.090)
+    assert fit.overhead == 0.0
+    assert fit.rate == pytest.approx(calibration.training_flops(calibration.shape_of(TINY), 8 * 16) / 0.1)
 
 
 def test_bad_microbatches():
