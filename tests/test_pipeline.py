@@ -2,6 +2,7 @@
 and the executor against one-process training (p = 2 and 4, every schedule)."""
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -288,3 +289,12 @@ def test_pipelines_on_process_groups(reference):
         assert results[first + 1]["losses"] and not results[first]["losses"]
         for name, g in grads.items():
             torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_cost_wait_ends_at_its_deadline_not_before():
+    from lecture_lib.pipeline.execute import nap_until
+    for wait in (0.0, 0.004, 0.02):
+        deadline = time.perf_counter() + wait
+        nap_until(deadline)
+        late = time.perf_counter() - deadline
+        assert 0 <= late < 0.05, (wait, late)        # wide: a loaded machine can delay any wake-up

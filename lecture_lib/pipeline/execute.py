@@ -115,6 +115,14 @@ def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int) -> None:
                          f"micro-batches: batch_size must be a multiple of {m}")
 
 
+def nap_until(deadline: float, nap: float = 0.0005) -> None:
+    """Sleep until ``deadline`` (a ``time.perf_counter()`` value) in short naps. One long
+    ``time.sleep`` oversleeps by the wake-up latency of an idle CPU (about a millisecond
+    in a virtual machine) on every fixed-cost action; short naps keep it to microseconds."""
+    while (rest := deadline - time.perf_counter()) > 0:
+        time.sleep(min(rest, nap))
+
+
 def check_cost(cost) -> tuple[float, float, float] | None:
     if cost is None:
         return None
@@ -237,7 +245,7 @@ class PipelineExecutor:
                 began = time.perf_counter()
                 chunk = self.chunks[a.chunk]
                 if costs:                                 # fixed cost: wait, send placeholders
-                    time.sleep(max(0.0, began + costs[a.kind] - time.perf_counter()))
+                    nap_until(began + costs[a.kind])
                     if a.kind == "F" and s < last:
                         self._send(self._zeros, s + 1, ("F", a.microbatch, s), pending, local)
                     if a.kind == "B" and s > 0:
