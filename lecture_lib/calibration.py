@@ -57,8 +57,8 @@ def measure_link(world_size: int = 2, sizes=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22)
 
 class ComputeFit(NamedTuple):
     """What :func:`measure_compute` found: the rank's FLOP/s, the seconds per layer and
-    micro-batch, and the two measured step times (1 and ``microbatches`` micro-batches)
-    they were fitted to."""
+    micro-batch, and the two measured step times (1 and ``microbatches`` micro-batches;
+    the fastest of the repeats) they were fitted to."""
     rate: float
     overhead: float
     seconds: tuple[float, float]
@@ -69,21 +69,31 @@ def fit_compute(cfg: GPTConfig, batch_size: int, microbatches: int,
     """Solve for ``(rate, overhead)`` from one-rank step times with 1 and ``microbatches``
     micro-batches (the same FLOPs, ``microbatches - 1`` more passes through every layer)."""
     overhead = max(seconds_many - seconds_one, 0.0) / ((microbatches - 1) * cfg.n_layers)
+    compute = seconds_one - overhead * cfg.n_layers
+    if compute <= 0:
+        raise ValueError(f"inconsistent timings: {microbatches} micro-batches took "
+                         f"{seconds_many * 1e3:.2f} ms against {seconds_one * 1e3:.2f} ms for "
+                         f"one, more than the fixed cost alone could explain; measure again "
+                         f"with more steps or repeats, on a quieter machine")
     flops = training_flops(shape_of(cfg), batch_size * cfg.seq_len)
-    return ComputeFit(flops / (seconds_one - overhead * cfg.n_layers), overhead,
-                      (seconds_one, seconds_many))
+    return ComputeFit(flops / compute, overhead, (seconds_one, seconds_many))
 
 
 def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
-                    steps: int = 4) -> ComputeFit:
-    """Time one rank's training step with 1 and ``microbatches`` micro-batches and fit."""
+                    steps: int = 4, repeats: int = 3) -> ComputeFit:
+    """Time one rank's training step with 1 and ``microbatches`` micro-batches, ``repeats``
+    times in turn, and fit to the fastest of each (other work on the machine only adds time,
+    so the minimum is the least disturbed measurement, as with ``timeit``)."""
     if batch_size % microbatches or microbatches < 2:
         raise ValueError("need microbatches >= 2 dividing the batch")
-    seconds = []
-    for m in (1, microbatches):
-        _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
-        seconds.append(step_seconds(results))
-    return fit_compute(cfg, batch_size, microbatches, *seconds)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, not {repeats!r}")
+    seconds = {1: [], microbatches: []}
+    for _ in range(repeats):
+        for m in seconds:
+            _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
+            seconds[m].append(step_seconds(results))
+    return fit_compute(cfg, batch_size, microbatches, min(seconds[1]), min(seconds[microbatches]))
 
 
 def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,

@@ -28,7 +28,7 @@ def test_shape_counts_parameters_exactly():
 def test_end_to_end_small():
     link = calibration.measure_link(2, sizes=(2 ** 10, 2 ** 23), repeats=5, warmup=3)
     assert link.alpha >= 0 and link.beta > 0
-    rate, overhead, seconds = calibration.measure_compute(TINY, 8, microbatches=2, steps=2)
+    rate, overhead, seconds = calibration.measure_compute(TINY, 8, microbatches=2, steps=3)
     assert rate > 0 and overhead >= 0 and min(seconds) > 0
     rows = calibration.predict_vs_measured(TINY, [(1, 1, 1), (2, 1, 1)], 8, 2, rate, overhead,
                                            link, steps=2)
@@ -56,3 +56,11 @@ def test_fit_clamps_a_negative_overhead():
 def test_bad_microbatches():
     with pytest.raises(ValueError, match="microbatches"):
         calibration.measure_compute(TINY, 8, microbatches=3)
+    with pytest.raises(ValueError, match="repeats"):
+        calibration.measure_compute(TINY, 8, microbatches=2, repeats=0)
+
+
+def test_inconsistent_timings_are_an_error_not_a_negative_rate():
+    """The CI once measured the 2-micro-batch run slow enough to fit a negative FLOP rate."""
+    with pytest.raises(ValueError, match="inconsistent timings"):
+        calibration.fit_compute(TINY, 8, 2, 0.0067, 0.0200)
