@@ -231,7 +231,8 @@ def _script(tmp_path, mode):
 
 
 def _pids(proc):
-    for line in iter(proc.stdout.readline, ""):   # no read-ahead: communicate() sees the rest
+    # readline buffers ahead: read the rest through proc.stdout too, never communicate()
+    for line in iter(proc.stdout.readline, ""):
         if line.startswith("PIDS"):
             return [int(x) for x in line.split()[1:]]
     raise AssertionError("script printed no PIDS line")
@@ -239,10 +240,16 @@ def _pids(proc):
 
 def test_parallel_launches_do_not_collide_and_leave_nothing(tmp_path):
     procs = [_script(tmp_path, "quick") for _ in range(3)]
-    pids = [_pids(p) for p in procs]
-    for p in procs:
-        rest = p.communicate(timeout=120)[0]
-        assert p.returncode == 0 and "DONE" in rest
+    try:
+        pids = [_pids(p) for p in procs]
+        for p in procs:
+            p.wait(timeout=120)                    # a few lines of output: the pipe cannot fill
+            rest = p.stdout.read()
+            assert p.returncode == 0 and "DONE" in rest, rest
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
     assert _wait_dead([x for ps in pids for x in ps]) == []
 
 
