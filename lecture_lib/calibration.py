@@ -80,7 +80,7 @@ def fit_compute(cfg: GPTConfig, batch_size: int, microbatches: int,
 
 
 def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
-                    steps: int = 4, repeats: int = 3) -> ComputeFit:
+                    steps: int = 6, repeats: int = 3) -> ComputeFit:
     """Time one rank's training step with 1 and ``microbatches`` micro-batches, ``repeats``
     times in turn, and fit to the fastest of each (other work on the machine only adds time,
     so the minimum is the least disturbed measurement, as with ``timeit``)."""
@@ -116,7 +116,7 @@ def predict(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int, micro
 
 
 def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
-                        rate: float, overhead: float, link: Link, steps: int = 4) -> list[dict]:
+                        rate: float, overhead: float, link: Link, steps: int = 6) -> list[dict]:
     """For each (dp, tp, pp): the modelled and the measured seconds per step
     (``microbatches`` micro-batches where there is a pipeline, else one)."""
     rows = []
