@@ -1,0 +1,203 @@
+"""The communication mechanics every scheme shares, written once.
+
+Every parallel scheme of the course talks through a handful of moves: find
+out who I am in a group, all-reduce a list of gradients through one flat
+buffer, all-gather or reduce-scatter one tensor into another, and (when a
+notebook asks) record how many bytes each collective moved and how long it
+took. They live here so that data parallelism, ZeRO, tensor, pipeline and
+expert parallelism, profiling and debugging all do them the same way.
+
+Measurement is opt-in. :func:`record_comm` turns a recorder on for the
+block; outside one, :func:`collective` runs the operation and nothing else
+(no clock read, no device synchronisation), so an algorithm costs the same
+whether or not anybody could measure it.
+
+>>> with record_comm() as log:                 # inside a rank function
+...     all_reduce_flat([p.grad for p in model.parameters()], average=True)
+>>> log.calls(), log.buffer_bytes()            # 1 call, sum of the gradients' bytes
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .costmodel.comm import bus_factor
+from .metrics import wall_time
+
+# torch 2.13 renamed the tensor-in/tensor-out collectives; older torch has the old names only.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+LOCAL = "local"
+"""``group=LOCAL``: one process, no communication (the reference of a scheme)."""
+
+
+# ----------------------------------------------------------------------------
+# Who am I in this group
+# ----------------------------------------------------------------------------
+
+def group_info(group=None, *, required: bool = False) -> tuple[int, int]:
+    """``(rank, size)`` of this process in ``group`` (``None``: the world).
+
+    Without an initialised process group, or with ``group=LOCAL``, this is one
+    process: ``(0, 1)``; ``required=True`` raises instead, for schemes that
+    make no sense on one process.
+    """
+    if group == LOCAL:
+        return 0, 1
+    if not dist.is_initialized():
+        if required:
+            raise RuntimeError("this needs an initialised process group "
+                               "(run it under lecture_lib.run)")
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def resolve(group):
+    """``(group or None, rank, size)``: ``LOCAL`` becomes ``None`` with one rank."""
+    rank, size = group_info(group)
+    return (None if group == LOCAL else group), rank, size
+
+
+# ----------------------------------------------------------------------------
+# Recording (off unless a caller turns it on)
+# ----------------------------------------------------------------------------
+
+@dataclass
+class CommRecord:
+    kind: str            # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", ...
+    phase: str           # whatever the caller names it: "forward", "backward", "grads", ...
+    nbytes: int          # costmodel.comm's convention: the full (unsharded) buffer
+    group_size: int
+    seconds: float
+
+
+@dataclass
+class CommLog:
+    """Every collective run through :func:`collective` inside :func:`record_comm`."""
+    records: list[CommRecord] = field(default_factory=list)
+
+    def select(self, phase=None, kind=None) -> list[CommRecord]:
+        return [r for r in self.records if (phase is None or r.phase == phase)
+                and (kind is None or r.kind == kind)]
+
+    def calls(self, phase=None, kind=None) -> int:
+        return len(self.select(phase, kind))
+
+    def buffer_bytes(self, phase=None, kind=None) -> int:
+        return sum(r.nbytes for r in self.select(phase, kind))
+
+    def sent_bytes(self, phase=None, kind=None) -> float:
+        """Bytes one rank sends with ring collectives (``bus_factor`` x buffer)."""
+        return sum(r.nbytes * bus_factor(r.kind, r.group_size)
+                   for r in self.select(phase, kind))
+
+    def seconds(self, phase=None, kind=None) -> float:
+        return sum(r.seconds for r in self.select(phase, kind))
+
+    def summary(self) -> dict:
+        """``{phase: {kind: (calls, buffer bytes)}}``."""
+        out: dict = {}
+        for r in self.records:
+            calls, nbytes = out.setdefault(r.phase, {}).get(r.kind, (0, 0))
+            out[r.phase][r.kind] = (calls + 1, nbytes + r.nbytes)
+        return out
+
+
+_ACTIVE: list[CommLog] = []
+
+
+@contextmanager
+def record_comm():
+    """``with record_comm() as log: ...`` records every collective on this rank."""
+    log = CommLog()
+    _ACTIVE.append(log)
+    try:
+        yield log
+    finally:
+        _ACTIVE.remove(log)
+
+
+def recording() -> bool:
+    """Is any recorder on? Algorithms use it to skip bookkeeping when nobody measures."""
+    return bool(_ACTIVE)
+
+
+@contextmanager
+def collective(kind: str, nbytes: int, group_size: int, phase: str = "",
+               device: torch.device | str | None = None):
+    """Wrap one communication call: recorded (timed, bytes) only while a recorder is on.
+
+    ``nbytes`` follows ``costmodel.comm``: the full buffer (for a reduce-scatter
+    the input, for an all-gather the output). Timing synchronises a GPU at both
+    ends, so it happens only when measuring was asked for.
+    """
+    if not _ACTIVE:
+        yield
+        return
+    with wall_time(device) as t:
+        yield
+    for log in _ACTIVE:
+        log.records.append(CommRecord(kind, phase, int(nbytes), group_size, t.seconds))
+
+
+def maybe(ctx):
+    """``with maybe(timer("comm") if timer else None):``: a context or nothing."""
+    return nullcontext() if ctx is None else ctx
+
+
+# ----------------------------------------------------------------------------
+# The moves
+# ----------------------------------------------------------------------------
+
+def all_reduce_flat(tensors, group=None, *, average: bool = False, phase: str = "grads",
+                    async_op: bool = False):
+    """All-reduce a list of tensors through one flat buffer and copy the result back.
+
+    The move DDP, ZeRO-1's gradient sync, expert parallelism's replicated
+    weights and the debugging tools share: ``torch.cat`` the tensors, one
+    all-reduce (summed, or averaged with ``average=True``), then copy each
+    slice back in place. ``None`` entries are skipped. With ``async_op=True``
+    it returns a function that waits and copies back.
+    """
+    tensors = [t for t in tensors if t is not None]
+    group, _, size = resolve(group)
+    if not tensors or size == 1:
+        return (lambda: None) if async_op else None
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    if average:
+        flat.div_(size)
+    nbytes = flat.numel() * flat.element_size()
+    with collective("all_reduce", nbytes, size, phase, flat.device):
+        work = dist.all_reduce(flat, group=group, async_op=async_op)
+
+    def finish():
+        if work is not None:
+            work.wait()
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(part.view_as(t))
+
+    if async_op:
+        return finish
+    finish()
+    return None
+
+
+def all_gather_into(out: torch.Tensor, mine: torch.Tensor, group=None, phase: str = "",
+                    async_op: bool = False):
+    """``out`` (size x mine.numel()) gets every rank's ``mine``, in rank order."""
+    group, _, size = resolve(group)
+    with collective("all_gather", out.numel() * out.element_size(), size, phase, out.device):
+        return all_gather_single(out, mine, group=group, async_op=async_op)
+
+
+def reduce_scatter_into(out: torch.Tensor, full: torch.Tensor, group=None, phase: str = "",
+                        op=dist.ReduceOp.SUM, async_op: bool = False):
+    """``out`` gets this rank's chunk of the sum over ranks of ``full``."""
+    group, _, size = resolve(group)
+    with collective("reduce_scatter", full.numel() * full.element_size(), size, phase,
+                    full.device):
+        return reduce_scatter_single(out, full, op=op, group=group, async_op=async_op)
