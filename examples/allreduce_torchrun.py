@@ -1,7 +1,8 @@
 """The same rank function under lecture_lib.run and under torchrun.
 
     torchrun --standalone --nproc-per-node=2 examples/allreduce_torchrun.py
-    python -c "import lecture_lib, examples.allreduce_torchrun as e; print(lecture_lib.run(e.sum_of_ranks_plus_one, 2))"
+    python -c "import lecture_lib, examples.allreduce_torchrun as e; \
+               print(lecture_lib.run(e.sum_of_ranks_plus_one, 2))"
 
 On a cluster, give torchrun --nnodes, --node-rank and --rdzv-endpoint instead of --standalone.
 """

@@ -54,7 +54,7 @@ def check_collectives(world, backend):
 
 
 def check_hybrid(world, backend):
-    from lecture_lib.hybrid import HybridConfig, train_on_rank, merge_ranks
+    from lecture_lib.hybrid import HybridConfig, merge_ranks, train_on_rank
     par = HybridConfig(dp=world, microbatches=2, zero1=world > 1)
     out = launch.run(train_on_rank, world, CFG, par, 8, 3, 0.1, 0, 0, "sgd", backend=backend,
                      timeout=300)

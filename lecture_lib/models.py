@@ -23,7 +23,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
 # ----------------------------------------------------------------------------
 # The small GPT
 # ----------------------------------------------------------------------------
@@ -140,7 +139,8 @@ def init_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
             elif p.dim() == 1:                           # layer-norm scale
                 p.fill_(1.0)
             else:
-                s = std / math.sqrt(2 * n_layers) if name.endswith(("proj.weight", "fc2.weight")) else std
+                residual = name.endswith(("proj.weight", "fc2.weight"))
+                s = std / math.sqrt(2 * n_layers) if residual else std
                 p.copy_(torch.randn(p.shape, generator=g) * s)
 
 

@@ -4,8 +4,15 @@ import pytest
 from lecture_lib.costmodel import PRESETS, pipeline_bubble
 from lecture_lib.costmodel.comm import Link
 from lecture_lib.costmodel.planner import candidates, explain, plan, rank_of
-from lecture_lib.costmodel.steptime import (A100_CLUSTER, Cluster, Parallelism, group_link,
-                                            microbatches, step_time, training_flops)
+from lecture_lib.costmodel.steptime import (
+    A100_CLUSTER,
+    Cluster,
+    Parallelism,
+    group_link,
+    microbatches,
+    step_time,
+    training_flops,
+)
 
 GPT3 = PRESETS["GPT-3 175B"]
 LECTURE = Parallelism(dp=8, tp=8, pp=16, micro_batch=1, zero_stage=1, recompute="full")

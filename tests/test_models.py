@@ -3,11 +3,19 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, ToyMLP, TrainResult,
-                                assert_same_training, regression_batch, shard, train_reference)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    ToyMLP,
+    TrainResult,
+    assert_same_training,
+    regression_batch,
+    shard,
+    train_reference,
+)
 
 SMALL = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
@@ -72,7 +80,8 @@ def test_assert_same_training_names_what_differs():
     with pytest.raises(AssertionError, match="head.weight"):
         assert_same_training(TrainResult(b.losses, bumped), a)
     with pytest.raises(AssertionError, match="loss at step 1"):
-        assert_same_training(TrainResult([a.losses[0], a.losses[1] * 1.01, a.losses[2]], a.params), a)
+        bumped_loss = [a.losses[0], a.losses[1] * 1.01, a.losses[2]]
+        assert_same_training(TrainResult(bumped_loss, a.params), a)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 _STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "all_to_all": 1}
 
 
@@ -74,7 +76,6 @@ def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
     Each point is weighted by 1/seconds, so small and large messages count
     alike (a plain fit would let the largest message decide everything).
     """
-    import numpy as np
     x, y = np.asarray(nbytes, float), np.asarray(seconds, float)
     if len(x) < 2 or len(x) != len(y):
         raise ValueError("need at least two (nbytes, seconds) points of equal length")

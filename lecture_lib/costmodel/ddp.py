@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 def ddp_overhead(model_bytes: float, bandwidth: float, per_call: float, n_buckets) -> float:
     """Seconds of exposed communication per step: ``o * n_b + s / (w * n_b)``."""
@@ -42,7 +44,6 @@ def fit_ddp_overhead(model_bytes: float, n_buckets, overheads) -> tuple[float, f
     negative is set to zero and the other refitted alone (``per_call = 0`` or an
     infinite bandwidth, meaning the data show no such cost).
     """
-    import numpy as np
     n, y = np.asarray(n_buckets, float), np.asarray(overheads, float)
     if len(n) < 2 or len(n) != len(y):
         raise ValueError("need at least two (n_buckets, overhead) points of equal length")

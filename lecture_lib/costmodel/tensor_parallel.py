@@ -53,7 +53,8 @@ def tp_block_comm(batch: int, seq: int, d_model: int, tp: int, bytes_per_element
 
 def sent_bytes(collectives: dict, tp: int) -> float:
     """Bytes one rank sends for ``{kind: (calls, buffer_bytes)}`` with ring collectives."""
-    return sum(calls * nbytes * bus_factor(kind, tp) for kind, (calls, nbytes) in collectives.items())
+    return sum(calls * nbytes * bus_factor(kind, tp)
+               for kind, (calls, nbytes) in collectives.items())
 
 
 def tp_layer_flops(batch: int, seq: int, d_model: int) -> float:
