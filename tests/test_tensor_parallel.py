@@ -195,7 +195,7 @@ def test_dtensor_gives_the_same_outputs():
 def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks were started")
-    monkeypatch.setattr(tp_lib, "run", no_launch)
+    monkeypatch.setattr(tp_lib.experiments, "run", no_launch)
     cfg = models.GPTConfig(**{**CFG.__dict__, **change})
     with pytest.raises(ValueError, match=message):
         tp_lib.train_tensor_parallel(cfg, 4, 1)
