@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import costmodel
+from lecture_lib import comm, costmodel
 from lecture_lib import expert_parallel as ep
 from lecture_lib.models import GPTConfig, MarkovText, assert_same_training, train_reference
 
@@ -27,7 +27,7 @@ def _data():
 
 def _layer_results(group):
     """Run every case on this process's shard; what the reference is compared with."""
-    g, size, rank = ep._resolve(group)
+    g, rank, size = comm.resolve(group)
     x_all, up_all = _data()
     rows = slice(rank * TOKENS // size, (rank + 1) * TOKENS // size)
     dev = lecture_lib.device()
@@ -149,7 +149,7 @@ def test_moe_gpt_trains_equal_to_one_process(world_size, moe):
 def test_bad_input_fails_before_any_rank_starts(monkeypatch):
     def no_ranks(*args, **kwargs):
         raise AssertionError("ranks were started for a bad configuration")
-    monkeypatch.setattr(ep, "run", no_ranks)
+    monkeypatch.setattr(ep.experiments, "run", no_ranks)
     cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=1)
     with pytest.raises(ValueError, match="divisible"):
         ep.train_expert_parallel(cfg, ep.MoEConfig(6, 1), 4, 1, batch_size=8)
