@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import costmodel
+from lecture_lib import comm, costmodel
 from lecture_lib import expert_parallel as ep
 from lecture_lib.models import GPTConfig, MarkovText, assert_same_training, train_reference
 
@@ -27,7 +27,7 @@ def _data():
 
 def _layer_results(group):
     """Run every case on this process's shard; what the reference is compared with."""
-    g, size, rank = ep._resolve(group)
+    g, rank, size = comm.resolve(group)
     x_all, up_all = _data()
     rows = slice(rank * TOKENS // size, (rank + 1) * TOKENS // size)
     dev = lecture_lib.device()
@@ -87,7 +87,8 @@ def test_layer_equals_one_process(world_size, reference):
         # the exchanged split sizes agree: what r sends to s, s receives from r
         for r, res in enumerate(results):
             for s, other in enumerate(results):
-                assert res[case]["stats"]["send_splits"][s] == other[case]["stats"]["recv_splits"][r]
+                sent, got = res[case]["stats"], other[case]["stats"]
+                assert sent["send_splits"][s] == got["recv_splits"][r]
         assert ref["stats"]["sent_bytes"] == 0
 
 
@@ -149,7 +150,7 @@ def test_moe_gpt_trains_equal_to_one_process(world_size, moe):
 def test_bad_input_fails_before_any_rank_starts(monkeypatch):
     def no_ranks(*args, **kwargs):
         raise AssertionError("ranks were started for a bad configuration")
-    monkeypatch.setattr(ep, "run", no_ranks)
+    monkeypatch.setattr(ep.experiments, "run", no_ranks)
     cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=1)
     with pytest.raises(ValueError, match="divisible"):
         ep.train_expert_parallel(cfg, ep.MoEConfig(6, 1), 4, 1, batch_size=8)
@@ -214,3 +215,22 @@ def test_benchmark_layer_times_every_phase_and_counts_bytes():
         splits = r["stats"]["send_splits"]
         assert r["stats"]["sent_bytes"] == (sum(splits) - splits[rank]) * 16 * 4
         assert {kind for kind, *_ in r["spans"]} == set(r["seconds"])
+
+
+def _recorded_forward():
+    layer = ep.MoELayer(D, F, 4, 1, None, seed=0)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(TOKENS // 2, D, generator=g).to(lecture_lib.device()).requires_grad_()
+    layer(x).sum().backward()                      # no recorder on: nothing kept
+    with comm.record_comm() as log:
+        layer(x).sum().backward()
+    return log.summary(), layer.stats["buffer_bytes"], comm.recording()
+
+
+def test_exchanges_are_recorded_when_a_recorder_is_on():
+    for summary, buffer_bytes, still_on in lecture_lib.run(_recorded_forward, 2, timeout=60):
+        assert summary["counts"]["all_gather"][0] == 1                # one count exchange
+        assert summary["dispatch"] == {"all_to_all": (1, buffer_bytes)}
+        assert summary["combine"]["all_to_all"][0] == 1
+        assert summary["backward"]["all_to_all"][0] == 2              # both, reversed
+        assert not still_on

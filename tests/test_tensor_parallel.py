@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import lecture_lib
 from lecture_lib import costmodel, models
 from lecture_lib import tensor_parallel as tp_lib
+from lecture_lib.mesh import RankGrid
 
 RTOL, ATOL = 1e-5, 1e-6
 CFG = models.GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=4, n_layers=2)
@@ -26,7 +27,8 @@ def _layer_checks(cfg):
 
     def grads(module, ref_module):
         full = tp_lib.gather_full(module, grads=True)
-        return [(f"grad {n}", full[n], ref.grad.clone()) for n, ref in ref_module.named_parameters()]
+        return [(f"grad {n}", full[n], ref.grad.clone())
+                for n, ref in ref_module.named_parameters()]
 
     def run_pair(name, module, ref_module, x_full, local_in=None, local_out=None):
         """Forward both, weight the outputs by R, backward; compare out, input grad, weights."""
@@ -64,7 +66,8 @@ def _layer_checks(cfg):
     run_pair("mlp", tp_lib.ParallelMLP(gpt.blocks[0].mlp), gpt.blocks[0].mlp, h)
     run_pair("attention", tp_lib.ParallelSelfAttention(gpt.blocks[0].attn), gpt.blocks[0].attn, h)
     run_pair("block", tp_lib.ParallelBlock(gpt.blocks[1]), gpt.blocks[1], h)
-    run_pair("block, sequence parallel", tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True),
+    run_pair("block, sequence parallel",
+             tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True),
              gpt.blocks[1], h, local_in=seq, local_out=seq)
 
     # vocabulary-parallel embedding: integer input, so no input gradient
@@ -116,8 +119,9 @@ def test_layer_equals_one_device(measured, layer):
     for rank, (checks, _, _) in enumerate(results):
         assert checks[layer], layer
         for what, got, expected in checks[layer]:
+            where = f"tp={tp} rank {rank} {layer} {what}"
             torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL,
-                                       msg=lambda m: f"tp={tp} rank {rank} {layer} {what}: {m}")
+                                       msg=lambda m, where=where: f"{where}: {m}")
 
 
 def test_no_rank_holds_the_full_logits(measured):
@@ -195,7 +199,7 @@ def test_dtensor_gives_the_same_outputs():
 def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks were started")
-    monkeypatch.setattr(tp_lib, "run", no_launch)
+    monkeypatch.setattr(tp_lib.experiments, "run", no_launch)
     cfg = models.GPTConfig(**{**CFG.__dict__, **change})
     with pytest.raises(ValueError, match=message):
         tp_lib.train_tensor_parallel(cfg, 4, 1)
@@ -210,8 +214,8 @@ def _bad_layers():
     errors = []
     for build in (lambda: tp_lib.ColumnParallelLinear(8, 6),
                   lambda: tp_lib.RowParallelLinear(6, 8),
-                  lambda: tp_lib.ParallelSelfAttention(
-                      models.GPT(models.GPTConfig(d_model=24, n_heads=6, n_layers=1)).blocks[0].attn),
+                  lambda: tp_lib.ParallelSelfAttention(models.GPT(
+                      models.GPTConfig(d_model=24, n_heads=6, n_layers=1)).blocks[0].attn),
                   lambda: tp_lib.VocabParallelEmbedding(torch.nn.Embedding(10, 4))):
         try:
             with tp_lib.count_comm() as counter:
@@ -243,7 +247,8 @@ def test_a_failing_rank_ends_the_call_instead_of_hanging():
 
 def test_vocab_loss_rejects_mismatched_targets():
     with pytest.raises(ValueError, match="must agree"):
-        tp_lib.vocab_parallel_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
+        tp_lib.vocab_parallel_cross_entropy(torch.zeros(2, 3, 4),
+                                            torch.zeros(2, 4, dtype=torch.long))
 
 
 def test_cost_model_of_a_layer():
@@ -258,7 +263,6 @@ def test_cost_model_of_a_layer():
 
 
 def _train_on_tp_axis(cfg, steps):
-    from lecture_lib.mesh import RankGrid
     grid = RankGrid(dp=2, tp=2)              # ranks {0, 1} and {2, 3} each hold one model
     return tp_lib.train_on_rank(cfg, steps, batch_size=4, optimizer="sgd", lr=LR["sgd"],
                                 sequence_parallel=True, group=grid.group("tp"))

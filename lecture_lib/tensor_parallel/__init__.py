@@ -1,0 +1,79 @@
+"""Tensor parallelism: one layer's matrices split across ranks (Megatron-LM).
+
+Shoeybi et al. 2019 ("Megatron-LM: Training Multi-Billion Parameter Language
+Models Using Model Parallelism", arXiv:1909.08053) split a linear layer's
+weight by columns (each rank computes its own output columns, which are
+concatenated) or by rows (each rank computes a partial product, which are
+summed), and chain a column-parallel and a row-parallel layer so that the
+pair communicates only at its edges, through the conjugate operators f and
+g. Sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198) turns
+each all-reduce into a reduce-scatter and an all-gather so that layer norms
+and residuals work on ``1/tp`` of the tokens.
+
+Read in this order:
+
+* :mod:`.comm`: f, g and the sequence-parallel pairs, as named ``autograd.Function`` s;
+* :mod:`.layers`: column- and row-parallel linear layers, MLP, attention, embedding;
+* :mod:`.loss`: the vocabulary-parallel cross-entropy;
+* :mod:`.model`: the block, the whole GPT, the sequence-parallel gradient sum;
+* :mod:`.experiments`: training equal to one process, and notebook 04's measurements.
+
+Bytes per block are counted through :func:`count_comm` (the shared recorder
+of :mod:`lecture_lib.comm`) and compared with
+:mod:`lecture_lib.costmodel.tensor_parallel`.
+"""
+from ..comm import CommRecord
+from .comm import (
+    AllGatherFromSequenceParallelRegion,
+    CommCounter,
+    CopyToTensorParallelRegion,
+    GatherFromTensorParallelRegion,
+    ReduceFromTensorParallelRegion,
+    ReduceScatterToSequenceParallelRegion,
+    ScatterToTensorParallelRegion,
+    all_gather_from_sequence_parallel,
+    copy_to_tensor_parallel,
+    count_comm,
+    gather_from_tensor_parallel,
+    reduce_from_tensor_parallel,
+    reduce_scatter_to_sequence_parallel,
+    split_to_tensor_parallel,
+)
+from .experiments import (
+    compare_with_dtensor,
+    measure_block,
+    measure_step,
+    train_on_rank,
+    train_reference,
+    train_tensor_parallel,
+)
+from .layers import (
+    ColumnParallelLinear,
+    ParallelMLP,
+    ParallelSelfAttention,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    seeded_linear,
+)
+from .loss import VocabParallelCrossEntropy, vocab_parallel_cross_entropy
+from .model import (
+    ParallelBlock,
+    TensorParallelGPT,
+    check_tensor_parallel,
+    gather_full,
+    sync_sequence_parallel_grads,
+)
+
+__all__ = [
+    "AllGatherFromSequenceParallelRegion", "ColumnParallelLinear", "CommCounter", "CommRecord",
+    "CopyToTensorParallelRegion", "GatherFromTensorParallelRegion", "ParallelBlock",
+    "ParallelMLP", "ParallelSelfAttention", "ReduceFromTensorParallelRegion",
+    "ReduceScatterToSequenceParallelRegion", "RowParallelLinear",
+    "ScatterToTensorParallelRegion", "TensorParallelGPT", "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding", "all_gather_from_sequence_parallel", "check_tensor_parallel",
+    "compare_with_dtensor", "copy_to_tensor_parallel", "count_comm",
+    "gather_from_tensor_parallel", "gather_full", "measure_block", "measure_step",
+    "reduce_from_tensor_parallel", "reduce_scatter_to_sequence_parallel", "seeded_linear",
+    "split_to_tensor_parallel", "sync_sequence_parallel_grads", "train_on_rank",
+    "train_reference", "train_tensor_parallel", "vocab_parallel_cross_entropy",
+]

@@ -1,0 +1,169 @@
+"""What notebook 04 runs: training equal to one process, and the measurements.
+
+* :func:`train_tensor_parallel` trains the GPT split over ``tp`` ranks and
+  gathers the parameters, to compare with :func:`train_reference`.
+* :func:`measure_block`: one block's collectives (counted through
+  :func:`lecture_lib.comm.record_comm`) and the activations autograd keeps,
+  for the sequence-parallel comparison of Korthikanti et al. 2022.
+* :func:`measure_step`: step time and the time inside collectives.
+* :func:`compare_with_dtensor`: our :class:`ParallelMLP` against torch's
+  DTensor tensor parallelism, outputs and time.
+
+The layers themselves never time anything: the recorders are turned on here.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from .. import comm, models
+from ..launch import device as rank_device
+from ..launch import run
+from ..metrics import saved_tensor_bytes, wall_time
+from .comm import count_comm
+from .layers import ParallelMLP
+from .model import (
+    ParallelBlock,
+    TensorParallelGPT,
+    check_tensor_parallel,
+    gather_full,
+    sync_sequence_parallel_grads,
+)
+
+
+def _data(cfg: models.GPTConfig, data_seed: int):
+    return models.MarkovText(cfg.vocab_size, cfg.seq_len, data_seed)
+
+
+def train_reference(cfg: models.GPTConfig, steps: int, batch_size: int = 8, seed: int = 0,
+                    data_seed: int = 0, lr: float = 1e-2, optimizer: str = "adamw"):
+    """The one-process run that :func:`train_tensor_parallel` must equal."""
+    text = _data(cfg, data_seed)
+    return models.train_reference(models.GPT(cfg, seed), lambda s: text.batch(s, batch_size),
+                                  steps, lr, optimizer)
+
+
+def train_on_rank(cfg: models.GPTConfig, steps: int, batch_size: int = 8, seed: int = 0,
+                  data_seed: int = 0, lr: float = 1e-2, optimizer: str = "adamw",
+                  sequence_parallel: bool = False, group=None) -> models.TrainResult:
+    """Inside a rank: build the full GPT from the seed, split it, train; full params back."""
+    dev = rank_device()
+    model = TensorParallelGPT(models.GPT(cfg, seed), group, sequence_parallel)
+    opt = models.make_optimizer(model.parameters(), optimizer, lr)
+    text, losses = _data(cfg, data_seed), []
+    for step in range(steps):
+        x, y = (t.to(dev) for t in text.batch(step, batch_size))
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        sync_sequence_parallel_grads(model, group)
+        opt.step()
+        losses.append(loss.item())
+    return models.TrainResult(losses, gather_full(model, group))
+
+
+def train_tensor_parallel(cfg: models.GPTConfig, tp: int, steps: int, batch_size: int = 8,
+                          seed: int = 0, data_seed: int = 0, lr: float = 1e-2,
+                          optimizer: str = "adamw", sequence_parallel: bool = False,
+                          timeout: float = 120) -> models.TrainResult:
+    """Train the GPT split over ``tp`` ranks; rank 0's losses and the gathered parameters."""
+    check_tensor_parallel(cfg, tp, sequence_parallel)
+    models.make_optimizer([torch.zeros(1, requires_grad=True)], optimizer, lr)  # bad name: now
+    results = run(train_on_rank, tp, cfg, steps, batch_size, seed, data_seed, lr, optimizer,
+                  sequence_parallel, timeout=timeout)
+    return results[0]
+
+
+def measure_block(cfg: models.GPTConfig, batch_size: int, sequence_parallel: bool = False,
+                  seed: int = 0, group=None) -> dict:
+    """Inside a rank: one block's forward and backward, its collectives counted and its
+    saved activations measured (bytes autograd keeps, parameters excluded)."""
+    dev = rank_device()
+    block = ParallelBlock(models.GPT(cfg, seed).blocks[0], group, sequence_parallel)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch_size, cfg.seq_len, cfg.d_model, generator=g).to(dev)
+    if sequence_parallel:
+        rank, tp = comm.group_info(group)
+        x = x.chunk(tp, 1)[rank].contiguous()
+    x.requires_grad_(True)
+    with count_comm() as counter:
+        with saved_tensor_bytes() as saved:
+            y = block(x)
+        y.pow(2).sum().backward()
+    return {"comm": counter.summary(), "sent_bytes": {ph: counter.sent_bytes(ph)
+                                                      for ph in ("forward", "backward")},
+            "activation_bytes": saved.activation_bytes(block)}
+
+
+def measure_step(cfg: models.GPTConfig, batch_size: int, steps: int = 5, warmup: int = 2,
+                 seed: int = 0, group=None) -> dict:
+    """Inside a rank: median training-step time, the time in collectives, tokens/s.
+
+    The collectives are timed (a recorder is on), so on a GPU each one
+    synchronises the device at both ends: the step measured here is the step
+    without overlap between communication and computation.
+    """
+    dev = rank_device()
+    model = TensorParallelGPT(models.GPT(cfg, seed), group)
+    opt = models.make_optimizer(model.parameters(), "adamw")
+    text = _data(cfg, 0)
+    times, in_comm = [], []
+    for step in range(warmup + steps):
+        x, y = (t.to(dev) for t in text.batch(step, batch_size))
+        with count_comm() as counter, wall_time(dev) as t:
+            opt.zero_grad(set_to_none=True)
+            model(x, y).backward()
+            opt.step()
+        if step >= warmup:
+            times.append(t.seconds)
+            in_comm.append(counter.seconds())
+    mid = sorted(range(steps), key=times.__getitem__)[steps // 2]
+    return {"step_s": times[mid], "comm_s": in_comm[mid], "comm_share": in_comm[mid] / times[mid],
+            "tokens_per_s": batch_size * cfg.seq_len / times[mid]}
+
+
+def _fwd_bwd(module, x):
+    xi = x.clone().requires_grad_(True)
+    y = module(xi)
+    y.pow(2).sum().backward()
+    return y.detach(), xi.grad
+
+
+def compare_with_dtensor(d_model: int, d_ff: int, tokens: int, steps: int = 5,
+                         seed: int = 0) -> dict:
+    """Inside a rank (world group): our ParallelMLP and torch's DTensor tensor parallelism
+    (``parallelize_module`` with ColwiseParallel / RowwiseParallel) on one MLP.
+
+    Returns both outputs and input gradients (full, on every rank) and the
+    median forward+backward time of each, measured alternately in one run
+    (no recorder on: the collectives run as in training).
+    """
+    # DTensor's import takes about a second; only this comparison needs it.
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    dev = rank_device()
+    cfg = models.GPTConfig(d_model=d_model, d_ff=d_ff, n_heads=1, n_layers=1)
+    full = models.GPT(cfg, seed).blocks[0].mlp
+    ours = ParallelMLP(full)
+    theirs = copy.deepcopy(full).to(dev)
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    parallelize_module(theirs, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    x = torch.randn(tokens, d_model, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
+    out, times = {}, {"ours": [], "dtensor": []}
+    for i in range(steps + 1):
+        for name, module in (("ours", ours), ("dtensor", theirs)):
+            module.zero_grad(set_to_none=True)
+            with wall_time(dev) as t:
+                y, gx = _fwd_bwd(module, x)
+            if i:                                 # the first step warms up
+                times[name].append(t.seconds)
+            out[name] = (y.cpu(), gx.cpu())
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {"ours": out["ours"], "dtensor": out["dtensor"], "ours_s": med["ours"],
+            "dtensor_s": med["dtensor"], "ratio": med["dtensor"] / med["ours"]}
