@@ -292,7 +292,7 @@ def test_pipelines_on_process_groups(reference):
 
 
 def test_fixed_cost_wait_ends_at_its_deadline_not_before():
-    from lecture_lib.pipeline.execute import nap_until
+    from lecture_lib.pipeline.experiments import nap_until
     for wait in (0.0, 0.004, 0.02):
         deadline = time.perf_counter() + wait
         nap_until(deadline)
