@@ -32,8 +32,9 @@ def _planted(case):
     model = GPT(CFG)
     x, y = shard(MarkovText(64, 16).batch(0, 8), rank, size)
     model(x, y).backward()
-    debugging.sync_gradients(model, op="sum" if case == "sum" else "mean",
-                             skip=("blocks.1.mlp.fc1.weight",) if case == "skip" else ())
+    debugging.sync_gradients(model, op="sum" if case in ("sum", "flat sum") else "mean",
+                             skip=("blocks.1.mlp.fc1.weight",) if case == "skip" else (),
+                             flat=case == "flat sum")
     if case == "missing grad" and rank == 1:    # (before the sync it would hang the sync)
         model.head.weight.grad = None
     if case == "value" and rank == 1:
@@ -43,7 +44,8 @@ def _planted(case):
 
 
 def _all_cases():
-    return {case: _planted(case) for case in ("ok", "sum", "skip", "value", "missing grad")}
+    return {case: _planted(case)
+            for case in ("ok", "sum", "flat sum", "skip", "value", "missing grad")}
 
 
 def test_gradient_consistency_names_the_first_differing_parameter():
@@ -54,6 +56,8 @@ def test_gradient_consistency_names_the_first_differing_parameter():
         assert found["sum"][0] is None
         # ... but the gradients are world_size times the average
         torch.testing.assert_close(found["sum"][1], 2 * found["ok"][1])
+        assert found["flat sum"][0] is None      # the same bug in the flat sync
+        torch.testing.assert_close(found["flat sum"][1], 2 * found["ok"][1])
         skip = found["skip"][0]
         assert (skip.name, skip.kind, skip.rank) == ("blocks.1.mlp.fc1.weight", "grad", 1)
         assert 0 < skip.max_abs_diff < math.inf
@@ -94,6 +98,14 @@ def test_sync_gradients_trains_like_one_process():
     for flat in (False, True):
         got = lecture_lib.run(dp, 2, flat, timeout=120)[0]
         assert_same_training(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_bugs_are_planted_into_the_course_ddp():
+    from lecture_lib.data_parallel import DDPFlat, DDPNaive
+    assert issubclass(debugging.PlantedDDPFlat, DDPFlat)
+    assert issubclass(debugging.PlantedDDPNaive, DDPNaive)
+    with pytest.raises(ValueError, match="op"):                # checked before any DDP is built
+        debugging.planted_ddp(GPT(CFG), op="avg")
 
 
 def test_sync_gradients_refuses_bad_arguments():
