@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import debugging
+from lecture_lib.data_parallel import DDPFlat, DDPNaive
 from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training, shard,
                                 train_reference, TrainResult, make_optimizer)
 
@@ -101,7 +102,6 @@ def test_sync_gradients_trains_like_one_process():
 
 
 def test_the_bugs_are_planted_into_the_course_ddp():
-    from lecture_lib.data_parallel import DDPFlat, DDPNaive
     assert issubclass(debugging.PlantedDDPFlat, DDPFlat)
     assert issubclass(debugging.PlantedDDPNaive, DDPNaive)
     with pytest.raises(ValueError, match="op"):                # checked before any DDP is built

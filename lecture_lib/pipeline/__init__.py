@@ -1,7 +1,9 @@
 """Pipeline parallelism: schedules as data, simulated and executed.
 
-* :mod:`.schedules`: the actions of GPipe, 1F1B, interleaved 1F1B and ZB-H1,
-  and the validator (:func:`make_schedule`, :func:`validate`).
+* :mod:`.actions`: a schedule as data (:class:`Action`, :class:`Schedule`).
+* :mod:`.schedules`: the actions of GPipe, 1F1B, interleaved 1F1B and ZB-H1
+  (:func:`make_schedule`); :mod:`.validate`: complete, matched, deadlock-free
+  (:func:`validate`).
 * :mod:`.simulate`: per-rank timelines, makespan, bubble and activation memory
   from per-action costs (:func:`simulate`).
 * :mod:`.stage`: the small GPT cut into contiguous stages (:func:`split_gpt`).
@@ -16,6 +18,7 @@
 Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
 the Gantt-chart explorer in :mod:`lecture_lib.widgets.pipeline`.
 """
+from .actions import Action, Schedule
 from .baseline import compare_with_torch, step_time_ratio
 from .execute import PipelineExecutor, exchange
 from .experiments import (
@@ -29,7 +32,7 @@ from .experiments import (
                           train_stage,
 )
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
-from .schedules import NAMES, Action, Schedule, make_schedule, validate
+from .schedules import NAMES, make_schedule
 from .simulate import (
                           Simulation,
                           action_costs,
@@ -40,10 +43,13 @@ from .simulate import (
                           simulate,
 )
 from .stage import PipelineChunk, check_pipeline, check_split, split_gpt
+from .validate import dependencies, messages, topological_order, validate
 
-__all__ = ["NAMES", "Action", "FixedCostExecutor", "PipelineChunk", "PipelineExecutor",
-           "PipelineRun", "Schedule", "Simulation", "StepRecord", "StepRecorder",
-           "action_costs", "aligned", "bubble_of", "busy_time", "check_cost", "check_pipeline",
-           "check_split", "compare_with_torch", "dependency_violations", "exchange",
-           "make_schedule", "makespan_of", "merge", "message_latency", "nap_until", "simulate",
-           "split_gpt", "step_time_ratio", "train", "train_many", "train_stage", "validate"]
+__all__ = [
+    "Action", "FixedCostExecutor", "NAMES", "PipelineChunk", "PipelineExecutor", "PipelineRun",
+    "Schedule", "Simulation", "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of",
+    "busy_time", "check_cost", "check_pipeline", "check_split", "compare_with_torch",
+    "dependencies", "dependency_violations", "exchange", "make_schedule", "makespan_of", "merge",
+    "message_latency", "messages", "nap_until", "simulate", "split_gpt", "step_time_ratio",
+    "topological_order", "train", "train_many", "train_stage", "validate",
+]

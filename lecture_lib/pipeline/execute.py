@@ -21,7 +21,7 @@ where both directions meet (1F1B's steady state: send an activation forward,
 receive a gradient back) they travel in one batch, as Megatron-LM and
 ``torch.distributed.pipelining`` do. The executor waits for its receives at
 once and for its sends at the end of the step, so a send never blocks: any
-schedule :func:`~.schedules.validate` accepts runs without deadlock.
+schedule :func:`~.validate.validate` accepts runs without deadlock.
 (On NCCL a batched send may complete only together with its receive; GPipe,
 1F1B and ZB-H1 also pass ``validate(schedule, synchronous_sends=True)`` and are
 safe then, Megatron's interleaved order is not: Megatron-LM runs it with every
@@ -47,8 +47,8 @@ import torch.nn as nn
 from .. import launch
 from ..comm import maybe
 from ..models import lm_loss
+from .actions import Schedule
 from .recorder import StepRecord
-from .schedules import Schedule
 
 
 def exchange(sends, recvs, group=None) -> list:

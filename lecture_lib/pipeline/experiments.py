@@ -22,9 +22,10 @@ import torch.distributed as dist
 
 from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from .actions import Schedule
 from .execute import PipelineExecutor, exchange
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
-from .schedules import Schedule, make_schedule
+from .schedules import make_schedule
 from .simulate import action_costs
 from .stage import check_pipeline, split_gpt
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from .. import launch
 from ..metrics import Timer, saved_tensor_bytes
-from .schedules import Schedule
+from .actions import Schedule
 
 
 @dataclass

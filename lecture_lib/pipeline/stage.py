@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..models import GPT, GPTConfig
-from .schedules import Schedule
+from .actions import Schedule
 
 
 class PipelineChunk(nn.Module):
