@@ -298,3 +298,44 @@ def test_fixed_cost_wait_ends_at_its_deadline_not_before():
         nap_until(deadline)
         late = time.perf_counter() - deadline
         assert 0 <= late < 0.05, (wait, late)        # wide: a loaded machine can delay any wake-up
+
+
+def test_a_single_chunk_is_the_whole_model():
+    """PipelineChunk embeds and projects with the model's own (bound) embed and logits."""
+    gpt = GPT(CFG, 0)
+    x, _ = MarkovText(CFG.vocab_size, CFG.seq_len).batch(0, 2)
+    (whole,) = pp.split_gpt(gpt, 1)
+    torch.testing.assert_close(whole(x), gpt(x), rtol=0, atol=0)
+    first, last = pp.split_gpt(gpt, 2)
+    assert first.logits is None and last.embed is None
+    torch.testing.assert_close(last(first(x)), gpt(x), rtol=0, atol=0)
+
+
+def _recorded_or_not():
+    """The same step without a recorder, with one, and with activation accounting."""
+    schedule = pp.make_schedule("1f1b", 2, 2)
+    gpt = GPT(CFG, 0)
+    chunk = pp.split_gpt(gpt, 2)[torch.distributed.get_rank()]
+    executor = pp.PipelineExecutor([chunk], schedule, (BATCH // 2, CFG.seq_len, CFG.d_model))
+    x, y = MarkovText(CFG.vocab_size, CFG.seq_len).batch(0, BATCH)
+    out = {}
+    for name, recorder in [("none", None), ("timeline", pp.StepRecorder()),
+                           ("activations", pp.StepRecorder(activations=True))]:
+        chunk.zero_grad(set_to_none=True)
+        record = executor.step(x, y, recorder=recorder)
+        out[name] = (record, {n: p.grad.clone() for n, p in chunk.named_parameters()})
+    return out
+
+
+def test_measurement_is_opt_in():
+    for rank, out in enumerate(lecture_lib.run(_recorded_or_not, 2, timeout=120)):
+        plain, timed, counted = (out[k][0] for k in ("none", "timeline", "activations"))
+        assert plain.timeline == [] and plain.waits == [] and plain.peak_activation_bytes == 0
+        order = {0: ["F0", "F1", "B0", "B1"], 1: ["F0", "B0", "F1", "B1"]}[rank]
+        assert [label for *_, label in timed.timeline] == order
+        assert timed.peak_activation_bytes == 0 and timed.activation_bytes == {}
+        assert counted.peak_activation_bytes > 0 and set(counted.activation_bytes) == {"F0", "F1"}
+        assert (plain.loss is None) == (rank == 0)
+        assert plain.loss == timed.loss == counted.loss
+        for name, g in out["none"][1].items():             # recording changes no number
+            torch.testing.assert_close(out["activations"][1][name], g, rtol=0, atol=0)

@@ -162,7 +162,7 @@ TINY = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
 def _two_steps_each():
     from lecture_lib.metrics import Timer
     out = {}
-    for sync in ("ddp", "flat", "per_param"):
+    for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
         step = profiling.data_parallel_step(Timer(), batch_size=8, sync=sync, cfg=TINY,
                                             bucket_cap_mb=0.01)
         step(0)
@@ -183,7 +183,7 @@ def test_profiled_workloads_train_like_one_process():
     ref = train_reference(GPT(TINY), lambda s: data.batch(s, 8), 2, lr=0.1, optimizer="sgd")
     ranks = lecture_lib.run(_two_steps_each, 2, timeout=120)
     for rank, got in enumerate(ranks):
-        for sync in ("ddp", "flat", "per_param"):
+        for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
             assert_same_training(TrainResult(ref.losses, got[sync]), ref, rtol=1e-5, atol=1e-6)
     stages = {**ranks[0]["pipeline"], **ranks[1]["pipeline"]}
     assert set(stages) == set(ref.params)                     # the two stages hold everything once
