@@ -8,8 +8,16 @@ import torch.distributed as dist
 import lecture_lib
 from lecture_lib import debugging
 from lecture_lib.data_parallel import DDPFlat, DDPNaive
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training, shard,
-                                train_reference, TrainResult, make_optimizer)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    make_optimizer,
+    shard,
+    train_reference,
+)
 
 CFG = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
 
@@ -51,7 +59,7 @@ def _all_cases():
 
 def test_gradient_consistency_names_the_first_differing_parameter():
     ranks = lecture_lib.run(_all_cases, 2, timeout=60)
-    for rank, found in enumerate(ranks):
+    for found in ranks:
         assert found["ok"][0] is None
         # summing instead of averaging: every replica agrees, so the check cannot see it ...
         assert found["sum"][0] is None

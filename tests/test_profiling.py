@@ -8,10 +8,17 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import profiling
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, TrainResult, assert_same_training,
-                                shard, train_reference)
+from lecture_lib.metrics import Timer
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    shard,
+    train_reference,
+)
 from lecture_lib.profiling import Event
-
 
 # -- trace arithmetic (no ranks) ----------------------------------------------
 
@@ -160,7 +167,6 @@ TINY = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
 
 
 def _two_steps_each():
-    from lecture_lib.metrics import Timer
     out = {}
     for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
         step = profiling.data_parallel_step(Timer(), batch_size=8, sync=sync, cfg=TINY,
@@ -182,7 +188,7 @@ def test_profiled_workloads_train_like_one_process():
     data = MarkovText(TINY.vocab_size, TINY.seq_len)
     ref = train_reference(GPT(TINY), lambda s: data.batch(s, 8), 2, lr=0.1, optimizer="sgd")
     ranks = lecture_lib.run(_two_steps_each, 2, timeout=120)
-    for rank, got in enumerate(ranks):
+    for got in ranks:
         for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
             assert_same_training(TrainResult(ref.losses, got[sync]), ref, rtol=1e-5, atol=1e-6)
     stages = {**ranks[0]["pipeline"], **ranks[1]["pipeline"]}
