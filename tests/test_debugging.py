@@ -7,8 +7,17 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import debugging
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training, shard,
-                                train_reference, TrainResult, make_optimizer)
+from lecture_lib.data_parallel import DDPFlat, DDPNaive
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    make_optimizer,
+    shard,
+    train_reference,
+)
 
 CFG = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
 
@@ -32,8 +41,9 @@ def _planted(case):
     model = GPT(CFG)
     x, y = shard(MarkovText(64, 16).batch(0, 8), rank, size)
     model(x, y).backward()
-    debugging.sync_gradients(model, op="sum" if case == "sum" else "mean",
-                             skip=("blocks.1.mlp.fc1.weight",) if case == "skip" else ())
+    debugging.sync_gradients(model, op="sum" if case in ("sum", "flat sum") else "mean",
+                             skip=("blocks.1.mlp.fc1.weight",) if case == "skip" else (),
+                             flat=case == "flat sum")
     if case == "missing grad" and rank == 1:    # (before the sync it would hang the sync)
         model.head.weight.grad = None
     if case == "value" and rank == 1:
@@ -43,17 +53,20 @@ def _planted(case):
 
 
 def _all_cases():
-    return {case: _planted(case) for case in ("ok", "sum", "skip", "value", "missing grad")}
+    return {case: _planted(case)
+            for case in ("ok", "sum", "flat sum", "skip", "value", "missing grad")}
 
 
 def test_gradient_consistency_names_the_first_differing_parameter():
     ranks = lecture_lib.run(_all_cases, 2, timeout=60)
-    for rank, found in enumerate(ranks):
+    for found in ranks:
         assert found["ok"][0] is None
         # summing instead of averaging: every replica agrees, so the check cannot see it ...
         assert found["sum"][0] is None
         # ... but the gradients are world_size times the average
         torch.testing.assert_close(found["sum"][1], 2 * found["ok"][1])
+        assert found["flat sum"][0] is None      # the same bug in the flat sync
+        torch.testing.assert_close(found["flat sum"][1], 2 * found["ok"][1])
         skip = found["skip"][0]
         assert (skip.name, skip.kind, skip.rank) == ("blocks.1.mlp.fc1.weight", "grad", 1)
         assert 0 < skip.max_abs_diff < math.inf
@@ -94,6 +107,13 @@ def test_sync_gradients_trains_like_one_process():
     for flat in (False, True):
         got = lecture_lib.run(dp, 2, flat, timeout=120)[0]
         assert_same_training(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_bugs_are_planted_into_the_course_ddp():
+    assert issubclass(debugging.PlantedDDPFlat, DDPFlat)
+    assert issubclass(debugging.PlantedDDPNaive, DDPNaive)
+    with pytest.raises(ValueError, match="op"):                # checked before any DDP is built
+        debugging.planted_ddp(GPT(CFG), op="avg")
 
 
 def test_sync_gradients_refuses_bad_arguments():

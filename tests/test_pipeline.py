@@ -1,17 +1,24 @@
 """lecture_lib.pipeline: schedules, validator, simulator against the closed forms,
 and the executor against one-process training (p = 2 and 4, every schedule)."""
 import dataclasses
-import math
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import launch, pipeline as pp
+from lecture_lib import launch
+from lecture_lib import pipeline as pp
 from lecture_lib.costmodel import peak_microbatches, pipeline_bubble, zb_h1_bubble
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training, lm_loss,
-                                train_reference)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    assert_same_training,
+    lm_loss,
+    train_reference,
+)
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=8)
 BATCH, STEPS, LR = 8, 2, 0.1
@@ -188,7 +195,7 @@ def test_every_schedule_equals_one_process_training(p, reference):
         assert set(run.grads) == set(grads), s.name
         for name, g in grads.items():            # first step's gradients, rtol 1e-5
             torch.testing.assert_close(run.grads[name], g, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{s.name} p={p}: {name}: {m}")
+                                       msg=lambda m, s=s, name=name: f"{s.name} p={p}: {name}: {m}")
         assert_same_training(run.as_train_result(), ref, rtol=1e-5, atol=1e-6)
         # every action of every rank was recorded, with a start before its end
         for step in run.timelines:
@@ -226,8 +233,6 @@ def test_stages_on_any_ranks(reference):
 
 
 def _failing_exchange(cfg, batch):
-    import torch.distributed as dist
-
     def broken(sends, recvs, group=None):
         if dist.get_rank() == 1:
             raise RuntimeError("link down")
@@ -274,7 +279,6 @@ def test_same_losses_and_gradients_as_torch_pipelining():
 
 def _two_pipelines(cfg, batch):
     """Ranks {0, 1} and {2, 3} each run their own 2-stage pipeline (as on a dp x pp grid)."""
-    import torch.distributed as dist
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[dist.get_rank() // 2]
     return pp.train_stage(pp.make_schedule("1f1b", 2, 4), cfg, batch, 1, group=mine,
@@ -292,9 +296,49 @@ def test_pipelines_on_process_groups(reference):
 
 
 def test_fixed_cost_wait_ends_at_its_deadline_not_before():
-    from lecture_lib.pipeline.execute import nap_until
     for wait in (0.0, 0.004, 0.02):
         deadline = time.perf_counter() + wait
-        nap_until(deadline)
+        pp.nap_until(deadline)
         late = time.perf_counter() - deadline
         assert 0 <= late < 0.05, (wait, late)        # wide: a loaded machine can delay any wake-up
+
+
+def test_a_single_chunk_is_the_whole_model():
+    """PipelineChunk embeds and projects with the model's own (bound) embed and logits."""
+    gpt = GPT(CFG, 0)
+    x, _ = MarkovText(CFG.vocab_size, CFG.seq_len).batch(0, 2)
+    (whole,) = pp.split_gpt(gpt, 1)
+    torch.testing.assert_close(whole(x), gpt(x), rtol=0, atol=0)
+    first, last = pp.split_gpt(gpt, 2)
+    assert first.logits is None and last.embed is None
+    torch.testing.assert_close(last(first(x)), gpt(x), rtol=0, atol=0)
+
+
+def _recorded_or_not():
+    """The same step without a recorder, with one, and with activation accounting."""
+    schedule = pp.make_schedule("1f1b", 2, 2)
+    gpt = GPT(CFG, 0)
+    chunk = pp.split_gpt(gpt, 2)[dist.get_rank()]
+    executor = pp.PipelineExecutor([chunk], schedule, (BATCH // 2, CFG.seq_len, CFG.d_model))
+    x, y = MarkovText(CFG.vocab_size, CFG.seq_len).batch(0, BATCH)
+    out = {}
+    for name, recorder in [("none", None), ("timeline", pp.StepRecorder()),
+                           ("activations", pp.StepRecorder(activations=True))]:
+        chunk.zero_grad(set_to_none=True)
+        record = executor.step(x, y, recorder=recorder)
+        out[name] = (record, {n: p.grad.clone() for n, p in chunk.named_parameters()})
+    return out
+
+
+def test_measurement_is_opt_in():
+    for rank, out in enumerate(lecture_lib.run(_recorded_or_not, 2, timeout=120)):
+        plain, timed, counted = (out[k][0] for k in ("none", "timeline", "activations"))
+        assert plain.timeline == [] and plain.waits == [] and plain.peak_activation_bytes == 0
+        order = {0: ["F0", "F1", "B0", "B1"], 1: ["F0", "B0", "F1", "B1"]}[rank]
+        assert [label for *_, label in timed.timeline] == order
+        assert timed.peak_activation_bytes == 0 and timed.activation_bytes == {}
+        assert counted.peak_activation_bytes > 0 and set(counted.activation_bytes) == {"F0", "F1"}
+        assert (plain.loss is None) == (rank == 0)
+        assert plain.loss == timed.loss == counted.loss
+        for name, g in out["none"][1].items():             # recording changes no number
+            torch.testing.assert_close(out["activations"][1][name], g, rtol=0, atol=0)

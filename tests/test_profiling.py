@@ -8,10 +8,17 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import profiling
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, TrainResult, assert_same_training,
-                                shard, train_reference)
+from lecture_lib.metrics import Timer
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    shard,
+    train_reference,
+)
 from lecture_lib.profiling import Event
-
 
 # -- trace arithmetic (no ranks) ----------------------------------------------
 
@@ -79,6 +86,22 @@ def test_diagnose_applies_the_rules_of_thumb():
         profiling.diagnose(1.5, 0.9)
 
 
+def test_diagnose_advises_what_the_run_communicated():
+    """A pipeline (sends and receives) is never told to bucket gradients; DP is."""
+    pipe = profiling.diagnose(0.45, 0.5, comm_kinds={"send", "recv"})
+    assert pipe.comm_bound and pipe.underused
+    assert "bucket" not in str(pipe) and "micro-batches" in str(pipe)
+    ddp = profiling.diagnose(0.45, 0.5, comm_kinds={"all_reduce", "broadcast"})
+    assert "bucket" in str(ddp) and "bubble" not in str(ddp)
+    fsdp = profiling.diagnose(0.45, 0.9, comm_kinds={"all_gather", "reduce_scatter"})
+    assert "bucket" not in str(fsdp) and "prefetch" in str(fsdp)
+    assert profiling.comm_kinds(_events(("c10d::allreduce_", "comm", 0, 1),
+                                        ("gloo:send", "comm", 1, 2),
+                                        ("c10d::recv_", "comm", 2, 3),
+                                        ("aten::mm", "compute", 0, 1))) == {
+        "all_reduce", "send", "recv"}
+
+
 def test_bad_schedule_is_refused_before_any_process_starts():
     with pytest.raises(ValueError, match="active"):
         profiling.profile_run(lambda timer: None, 2, active=0)
@@ -132,6 +155,7 @@ def test_profile_of_a_data_parallel_step(tmp_path):
         assert min(abs(timed - traced) for traced, timed in per_step) < 0.1, per_step
         kinds = {k for k, _, _ in profiling.timeline(p)}
         assert kinds == {"compute", "comm"}
+        assert "all_reduce" in p.comm_kinds and not {"send", "recv"} & p.comm_kinds
     # without communication (same pool, warm) the trace shows none
     quiet = profiling.profile_run(_make_step, 2, 8, False, active=2, timeout=120)
     assert all(p.comm_share == 0.0 and p.trace_path is None for p in quiet)
@@ -143,15 +167,14 @@ TINY = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
 
 
 def _two_steps_each():
-    from lecture_lib.metrics import Timer
     out = {}
-    for sync in ("ddp", "flat", "per_param"):
+    for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
         step = profiling.data_parallel_step(Timer(), batch_size=8, sync=sync, cfg=TINY,
                                             bucket_cap_mb=0.01)
         step(0)
         step(1)
         out[sync] = {n: p.detach().clone() for n, p in step.model.named_parameters()}
-    pipe = profiling.two_stage_pipeline_step(Timer(), batch_size=8, micro_batches=2, cfg=TINY)
+    pipe = profiling.pipeline_step(Timer(), batch_size=8, micro_batches=2, cfg=TINY)
     pipe(0)
     pipe(1)
     held = {id(p) for p in pipe.params}
@@ -165,12 +188,21 @@ def test_profiled_workloads_train_like_one_process():
     data = MarkovText(TINY.vocab_size, TINY.seq_len)
     ref = train_reference(GPT(TINY), lambda s: data.batch(s, 8), 2, lr=0.1, optimizer="sgd")
     ranks = lecture_lib.run(_two_steps_each, 2, timeout=120)
-    for rank, got in enumerate(ranks):
-        for sync in ("ddp", "flat", "per_param"):
+    for got in ranks:
+        for sync in ("ddp", "flat", "per_param", "bucketed", "individual"):
             assert_same_training(TrainResult(ref.losses, got[sync]), ref, rtol=1e-5, atol=1e-6)
     stages = {**ranks[0]["pipeline"], **ranks[1]["pipeline"]}
     assert set(stages) == set(ref.params)                     # the two stages hold everything once
     assert_same_training(TrainResult(ref.losses, stages), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_profile_of_the_pipeline_executor_names_its_sends_not_all_reduce():
+    profiles = profiling.profile_run(profiling.pipeline_step, 2, batch_size=8, micro_batches=2,
+                                     cfg=TINY, active=2, timeout=120)
+    for p in profiles:
+        assert {"send", "recv"} & p.comm_kinds and "all_reduce" not in p.comm_kinds
+        assert 0.0 < p.busy_share < 1.0
+    assert "bucket" not in str(profiling.diagnose_run(profiles, comm_limit=0.0))
 
 
 def test_workloads_refuse_bad_arguments():

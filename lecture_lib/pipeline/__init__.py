@@ -1,21 +1,55 @@
 """Pipeline parallelism: schedules as data, simulated and executed.
 
-* :mod:`.schedules`: the actions of GPipe, 1F1B, interleaved 1F1B and ZB-H1,
-  and the validator (:func:`make_schedule`, :func:`validate`).
+* :mod:`.actions`: a schedule as data (:class:`Action`, :class:`Schedule`).
+* :mod:`.schedules`: the actions of GPipe, 1F1B, interleaved 1F1B and ZB-H1
+  (:func:`make_schedule`); :mod:`.validate`: complete, matched, deadlock-free
+  (:func:`validate`).
 * :mod:`.simulate`: per-rank timelines, makespan, bubble and activation memory
   from per-action costs (:func:`simulate`).
-* :mod:`.execute`: the same schedule on real ranks: stages of the small GPT,
-  activations and gradients sent to the neighbouring stage, every action timed
-  (:func:`train`, :func:`train_many`, :class:`PipelineExecutor`, :func:`exchange`).
+* :mod:`.stage`: the small GPT cut into contiguous stages (:func:`split_gpt`).
+* :mod:`.execute`: the same schedule on real ranks: receive, forward, backward,
+  weight gradient, send (:class:`PipelineExecutor`, :func:`exchange`); it measures nothing.
+* :mod:`.recorder`: opt-in measurement of a step: timeline, message delays,
+  activation bytes (:class:`StepRecorder`).
+* :mod:`.experiments`: what notebook 05 runs: :func:`train`, :func:`train_many`,
+  the fixed-cost mode (:class:`FixedCostExecutor`).
 * :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.
 
 Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
 the Gantt-chart explorer in :mod:`lecture_lib.widgets.pipeline`.
 """
-from .schedules import NAMES, Action, Schedule, make_schedule, validate
-from .simulate import (Simulation, action_costs, bubble_of, busy_time, dependency_violations,
-                       makespan_of, simulate)
-from .execute import (PipelineChunk, PipelineExecutor, PipelineRun, StepRecord, check_pipeline,
-                      check_split, exchange, merge, message_latency, split_gpt, train, train_many,
-                      train_stage)
+from .actions import Action, Schedule
 from .baseline import compare_with_torch, step_time_ratio
+from .execute import PipelineExecutor, exchange
+from .experiments import (
+                          FixedCostExecutor,
+                          PipelineRun,
+                          check_cost,
+                          merge,
+                          nap_until,
+                          train,
+                          train_many,
+                          train_stage,
+)
+from .recorder import StepRecord, StepRecorder, aligned, message_latency
+from .schedules import NAMES, make_schedule
+from .simulate import (
+                          Simulation,
+                          action_costs,
+                          bubble_of,
+                          busy_time,
+                          dependency_violations,
+                          makespan_of,
+                          simulate,
+)
+from .stage import PipelineChunk, check_pipeline, check_split, split_gpt
+from .validate import dependencies, messages, topological_order, validate
+
+__all__ = [
+    "Action", "FixedCostExecutor", "NAMES", "PipelineChunk", "PipelineExecutor", "PipelineRun",
+    "Schedule", "Simulation", "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of",
+    "busy_time", "check_cost", "check_pipeline", "check_split", "compare_with_torch",
+    "dependencies", "dependency_violations", "exchange", "make_schedule", "makespan_of", "merge",
+    "message_latency", "messages", "nap_until", "simulate", "split_gpt", "step_time_ratio",
+    "topological_order", "train", "train_many", "train_stage", "validate",
+]

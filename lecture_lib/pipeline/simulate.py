@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedules import Schedule, dependencies, topological_order
+from .actions import Schedule
+from .validate import dependencies, topological_order
 
 
 @dataclass

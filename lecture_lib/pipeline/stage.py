@@ -1,0 +1,78 @@
+"""Stages of the small GPT: contiguous blocks, the embedding first, the head last.
+
+A pipeline cuts the model's layers into ``num_stages * chunks`` contiguous
+*virtual stages* (Huang et al. 2019, "GPipe"; with ``chunks > 1`` Megatron-LM's
+interleaved layout, Narayanan et al. 2021). The first holds the token and
+position embeddings, the last the final layer norm and the head; the loss is
+computed by the executor on the last stage's logits.
+
+A :class:`PipelineChunk` shares its modules with the :class:`~lecture_lib.models.GPT`
+it was cut from, so parameter names are the full model's
+(``blocks.3.attn.q.weight``) and the chunks of all ranks together compare one
+to one with the one-process model.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..models import GPT, GPTConfig
+from .actions import Schedule
+
+
+class PipelineChunk(nn.Module):
+    """Blocks ``layers`` of ``gpt``; the embedding if ``first``, the head if ``last``.
+
+    The first chunk embeds with the model's own :meth:`GPT.embed`, the last
+    projects with its :meth:`GPT.logits`, both bound to ``gpt`` (whose
+    ``tok_emb``/``pos_emb`` and ``ln_f``/``head`` modules this chunk holds).
+    """
+
+    def __init__(self, gpt: GPT, layers: range, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        self.embed = self.logits = None
+        if first:
+            self.tok_emb, self.pos_emb = gpt.tok_emb, gpt.pos_emb
+            self.embed = gpt.embed
+        self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in layers})
+        if last:
+            self.ln_f, self.head = gpt.ln_f, gpt.head
+            self.logits = gpt.logits
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.logits(x) if self.logits is not None else x
+
+
+def check_split(n_layers: int, num_stages: int, chunks: int = 1) -> None:
+    """Clear error unless ``n_layers`` splits into ``num_stages * chunks`` equal chunks."""
+    parts = num_stages * chunks
+    if parts > n_layers:
+        raise ValueError(f"more pipeline stages than layers: {num_stages} stages x {chunks} "
+                         f"chunks = {parts} model chunks, but the model has {n_layers} layers")
+    if n_layers % parts:
+        raise ValueError(f"{n_layers} layers do not split evenly into {num_stages} stages x "
+                         f"{chunks} chunks: n_layers must be a multiple of {parts}")
+
+
+def split_gpt(gpt: GPT, num_stages: int, chunks: int = 1) -> list[PipelineChunk]:
+    """The model's virtual stages, in order (``num_stages * chunks`` of them)."""
+    n = gpt.cfg.n_layers
+    check_split(n, num_stages, chunks)
+    parts, size = num_stages * chunks, n // (num_stages * chunks)
+    return [PipelineChunk(gpt, range(s * size, (s + 1) * size), s == 0, s == parts - 1)
+            for s in range(parts)]
+
+
+def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int) -> None:
+    """Every check that can be made before a process starts."""
+    check_split(cfg.n_layers, schedule.num_stages, schedule.chunks)
+    m = schedule.num_microbatches
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, not {batch_size!r}")
+    if batch_size % m:
+        raise ValueError(f"a batch of {batch_size} does not divide into {m} equal "
+                         f"micro-batches: batch_size must be a multiple of {m}")

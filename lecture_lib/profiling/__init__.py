@@ -1,0 +1,40 @@
+"""Profiling distributed training: where does a step's time go, on every rank?
+
+A slow distributed job is slow for one of a few reasons, and a profiler trace
+tells them apart (PyTorch profiler recipe; HTA, "Holistic Trace Analysis",
+Meta 2023; the Ultra-Scale Playbook's profiling chapter): communication takes
+a large share of the step, or the device is idle much of it.
+
+* :mod:`.trace`: reading a ``torch.profiler`` trace: events, what is
+  communication and what is work, the shares of a step, the collectives it
+  ran, a timeline (:func:`read_trace`, :func:`shares`, :func:`comm_kinds`,
+  :func:`timeline`).
+* :mod:`.profiler`: running a step under the profiler on N ranks
+  (:func:`profile_steps`, :func:`profile_run`).
+* :mod:`.diagnose`: the rules of thumb, with advice that depends on the
+  communication the run did (:func:`diagnose`, :func:`diagnose_run`).
+* :mod:`.experiments`: the course's own schemes as steps to profile
+  (:func:`data_parallel_step`, :func:`pipeline_step`).
+"""
+from .diagnose import BUSY_SHARE_LIMIT, COMM_SHARE_LIMIT, Diagnosis, diagnose, diagnose_run
+from .experiments import SYNCS, data_parallel_step, pipeline_step
+from .profiler import profile_run, profile_steps
+from .trace import (
+                    COMM_PATTERN,
+                    Event,
+                    RankProfile,
+                    classify,
+                    comm_intervals,
+                    comm_kinds,
+                    covered,
+                    merge,
+                    overlap_share,
+                    read_trace,
+                    shares,
+                    timeline,
+)
+
+__all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "SYNCS", "Diagnosis", "Event",
+           "RankProfile", "classify", "comm_intervals", "comm_kinds", "covered",
+           "data_parallel_step", "diagnose", "diagnose_run", "merge", "overlap_share",
+           "pipeline_step", "profile_run", "profile_steps", "read_trace", "shares", "timeline"]
