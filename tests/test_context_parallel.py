@@ -4,18 +4,34 @@ import pytest
 import torch
 
 import lecture_lib
-from lecture_lib.context_parallel import (attention_reference, block_attention, block_pairs,
-                                          check_layout, check_ulysses, merge, positions,
-                                          rank_chunks, ring_attention, ring_schedule,
-                                          shard_sequence, unshard_sequence)
-from lecture_lib.context_parallel.experiments import (CASES, compare_attention,
-                                                      measure_activation_memory,
-                                                      measure_attention_flops,
-                                                      train_context_parallel)
+from lecture_lib.context_parallel import (
+    attention_reference,
+    block_attention,
+    block_pairs,
+    check_layout,
+    check_ulysses,
+    merge,
+    positions,
+    rank_chunks,
+    ring_attention,
+    ring_schedule,
+    shard_sequence,
+    unshard_sequence,
+)
+from lecture_lib.context_parallel.experiments import (
+    CASES,
+    compare_attention,
+    measure_activation_memory,
+    measure_attention_flops,
+    train_context_parallel,
+)
 from lecture_lib.context_parallel.figures import cell_labels, draw_ring_steps
-from lecture_lib.costmodel.context_parallel import (gpt_block_activation_bytes,
-                                                    ring_attention_flops, ring_bytes_per_layer,
-                                                    ulysses_bytes_per_layer)
+from lecture_lib.costmodel.context_parallel import (
+    gpt_block_activation_bytes,
+    ring_attention_flops,
+    ring_bytes_per_layer,
+    ulysses_bytes_per_layer,
+)
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 SHAPE = (2, 4, 32, 8)                     # batch, heads, tokens, head_dim
@@ -39,10 +55,9 @@ def test_one_process_ring_is_exact_with_gradients(layout):
     q, k, v = (torch.randn(*SHAPE, generator=g, dtype=torch.float64, requires_grad=True)
                for _ in range(3))
     for causal in (True, False):
-        args = (q, k, v)
-        assert torch.autograd.gradcheck(lambda *t: ring_attention(*t, "local", layout, causal),
-                                        tuple(x[:1, :1, :8] .detach().requires_grad_(True)
-                                              for x in args))
+        small = tuple(x[:1, :1, :8].detach().requires_grad_(True) for x in (q, k, v))
+        assert torch.autograd.gradcheck(
+            lambda *t, c=causal: ring_attention(*t, "local", layout, c), small)
         torch.testing.assert_close(ring_attention(q, k, v, "local", layout, causal),
                                    attention_reference(q, k, v, causal))
 
