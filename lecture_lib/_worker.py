@@ -12,11 +12,11 @@ import signal
 import sys
 import threading
 import traceback
-from multiprocessing.connection import Connection
 
 import cloudpickle
 import torch
 import torch.distributed as dist
+from multiprocessing.connection import Connection
 
 
 def _die_with_parent() -> None:

@@ -72,17 +72,8 @@ import torch.nn.functional as F
 
 from .launch import device, run
 from .metrics import Timer
-from .models import (
-    GPT,
-    MLP,
-    GPTConfig,
-    MarkovText,
-    TrainResult,
-    init_weights,
-    lm_loss,
-    make_optimizer,
-    shard,
-)
+from .models import (GPT, MLP, GPTConfig, MarkovText, TrainResult, init_weights, lm_loss,
+                     make_optimizer, shard)
 
 LOCAL = "local"
 """``group=LOCAL``: all experts in this process, no communication (the reference)."""

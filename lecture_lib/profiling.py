@@ -455,7 +455,6 @@ def data_parallel_step(timer, batch_size: int = 16, sync: str = "ddp", cfg=None,
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
     from . import launch
     from .models import shard
     if sync not in ("ddp", "flat", "per_param"):
@@ -498,9 +497,8 @@ def two_stage_pipeline_step(timer, batch_size: int = 16, micro_batches: int = 4,
     stand-in until the course's pipeline executor profiles itself.
     """
     import torch.distributed as dist
-
-    from . import launch
     from .models import lm_loss
+    from . import launch
     if dist.get_world_size() != 2:
         raise ValueError(f"the two-stage pipeline needs 2 ranks, not {dist.get_world_size()}")
     if batch_size % micro_batches:

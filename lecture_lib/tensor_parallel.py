@@ -642,11 +642,8 @@ def compare_with_dtensor(d_model: int, d_ff: int, tokens: int, steps: int = 5,
     median forward+backward time of each, measured alternately in one run.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
     dev = rank_device()
     cfg = models.GPTConfig(d_model=d_model, d_ff=d_ff, n_heads=1, n_layers=1)
     full = models.GPT(cfg, seed).blocks[0].mlp

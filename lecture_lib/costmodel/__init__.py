@@ -10,45 +10,17 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
-from .comm import (
-                   INFINIBAND_HDR,
-                   INFINIBAND_NDR,
-                   NVLINK_A100,
-                   NVLINK_H100,
-                   Link,
-                   bus_factor,
-                   collective_time,
-                   fit_alpha_beta,
-)
+from .comm import (INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, bus_factor,
+                   collective_time, fit_alpha_beta)
 from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
-from .memory import (
-                   GB,
-                   PRESETS,
-                   TransformerShape,
-                   activation_bytes_per_layer,
-                   check_zero_stage,
-                   memory_per_device,
-                   min_devices_for_states,
-                   model_state_breakdown,
-                   model_state_bytes,
-)
+from .memory import (GB, PRESETS, TransformerShape, activation_bytes_per_layer, check_zero_stage,
+                     memory_per_device, min_devices_for_states, model_state_breakdown,
+                     model_state_bytes)
+from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubble,
+                       zb_h1_bubble)
+from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
+                              tp_layer_time)
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
-from .pipeline import microbatches_for_bubble, peak_microbatches, pipeline_bubble, zb_h1_bubble
+from .steptime import (A100_CLUSTER, H100_CLUSTER, Cluster, Parallelism, StepTime, group_link,
+                       step_time, training_flops)
 from .planner import Plan, explain, plan, rank_of
-from .steptime import (
-                   A100_CLUSTER,
-                   H100_CLUSTER,
-                   Cluster,
-                   Parallelism,
-                   StepTime,
-                   group_link,
-                   step_time,
-                   training_flops,
-)
-from .tensor_parallel import (
-                   H100_BF16_FLOPS,
-                   sent_bytes,
-                   tp_block_comm,
-                   tp_layer_flops,
-                   tp_layer_time,
-)

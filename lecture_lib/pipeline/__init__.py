@@ -12,29 +12,10 @@
 Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
 the Gantt-chart explorer in :mod:`lecture_lib.widgets.pipeline`.
 """
-from .baseline import compare_with_torch, step_time_ratio
-from .execute import (
-                       PipelineChunk,
-                       PipelineExecutor,
-                       PipelineRun,
-                       StepRecord,
-                       check_pipeline,
-                       check_split,
-                       exchange,
-                       merge,
-                       message_latency,
-                       split_gpt,
-                       train,
-                       train_many,
-                       train_stage,
-)
 from .schedules import NAMES, Action, Schedule, make_schedule, validate
-from .simulate import (
-                       Simulation,
-                       action_costs,
-                       bubble_of,
-                       busy_time,
-                       dependency_violations,
-                       makespan_of,
-                       simulate,
-)
+from .simulate import (Simulation, action_costs, bubble_of, busy_time, dependency_violations,
+                       makespan_of, simulate)
+from .execute import (PipelineChunk, PipelineExecutor, PipelineRun, StepRecord, check_pipeline,
+                      check_split, exchange, merge, message_latency, split_gpt, train, train_many,
+                      train_stage)
+from .baseline import compare_with_torch, step_time_ratio

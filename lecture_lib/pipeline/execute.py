@@ -55,6 +55,7 @@ from ..models import GPT, GPTConfig, MarkovText, TrainResult, lm_loss, make_opti
 from .schedules import Schedule, make_schedule
 from .simulate import action_costs
 
+
 # ----------------------------------------------------------------------------
 # Stages of the small GPT
 # ----------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from .. import plots
-from ..costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 from . import explorer
+from ..costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 
 KINDS = ("params", "grads", "optimizer", "activations")
 KIND_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#8172B3",

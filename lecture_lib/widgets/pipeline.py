@@ -11,9 +11,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from .. import plots
+from . import explorer
 from ..costmodel import pipeline_bubble, zb_h1_bubble
 from ..pipeline import NAMES, make_schedule, simulate
-from . import explorer
 
 
 def schedule_figure(name: str, p: int, m: int, v: int = 1, t_forward: float = 1.0,

@@ -11,10 +11,10 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from .. import plots
+from . import explorer
 from ..costmodel.memory import PRESETS
 from ..costmodel.planner import explain, plan
 from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
-from . import explorer
 
 CLUSTERS = {"A100 80GB, NVLink 3 + HDR InfiniBand": A100_CLUSTER,
             "H100 80GB, NVLink 4 + NDR InfiniBand": H100_CLUSTER}
