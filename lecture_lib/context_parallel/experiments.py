@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import launch
@@ -159,3 +162,26 @@ def measure_activation_memory(seq_lens, cp: int, batch_size: int = 1, d_model: i
         per_device = launch.run(_memory_on_rank, cp, cfg, batch_size, layout, timeout=timeout)
         out[s] = (one, max(per_device))
     return out
+
+
+def _torch_cp_on_rank(shape, seed: int) -> dict:
+    """Inside a rank: torch's ``context_parallel`` on SDPA, and ours, on the same slices."""
+    q, k, v, _ = _inputs(shape, seed)
+    ref = attention_reference(q, k, v, True)
+    mesh = init_device_mesh(launch.device().type, (dist.get_world_size(),))
+    buffers = [t.clone().to(launch.device()) for t in (q, k, v, ref)]
+    try:
+        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):
+            out = F.scaled_dot_product_attention(*buffers[:3], is_causal=True)
+        err = (out - buffers[3]).abs().max().item()                # torch shards its own way
+        return {"ran": True, "max_abs_err": err, "error": ""}
+    except (NotImplementedError, RuntimeError) as e:
+        return {"ran": False, "max_abs_err": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def compare_with_torch(cp: int = 2, shape=(1, 4, 32, 8), seed: int = 0,
+                       timeout: float = 120) -> list[dict]:
+    """PyTorch's own context parallel (``torch.distributed.tensor.experimental``) on ``cp``
+    ranks: per rank, whether it ran, its max abs error against one process, or the error."""
+    check_layout(shape[2], cp, "zigzag")
+    return launch.run(_torch_cp_on_rank, cp, shape, seed, timeout=timeout)
