@@ -15,8 +15,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.experimental import context_parallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import launch
@@ -165,7 +163,9 @@ def measure_activation_memory(seq_lens, cp: int, batch_size: int = 1, d_model: i
 
 
 def _torch_cp_on_rank(shape, seed: int) -> dict:
-    """Inside a rank: torch's ``context_parallel`` on SDPA, and ours, on the same slices."""
+    """Inside a rank: torch's ``context_parallel`` on SDPA against one process."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415  (DTensor: slow import, this baseline only)
+    from torch.distributed.tensor.experimental import context_parallel  # noqa: PLC0415  (same)
     q, k, v, _ = _inputs(shape, seed)
     ref = attention_reference(q, k, v, True)
     mesh = init_device_mesh(launch.device().type, (dist.get_world_size(),))
