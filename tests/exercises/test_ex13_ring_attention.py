@@ -36,7 +36,7 @@ def test_merge_does_not_overflow():
 
 
 def _one_step():
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     q, k, v = _qkv(10 + rank)
     kv = torch.stack([k, v])
     first, got = ex.ring_step(q, kv, None)
