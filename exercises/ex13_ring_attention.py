@@ -18,7 +18,7 @@ combined *exactly*, and that is what the online softmax does.
 
    Compute ``lse`` without overflow (``torch.logaddexp``): scores can be large.
 
-2. ``ring_step(q, kv, state, group=None)``: one step of the ring on this rank.
+2. ``ring_step(q, kv, state)``: one step of the ring on this rank.
    ``kv`` (2, ..., t, d) stacks the K and V block this rank holds; ``state`` is
    ``None`` (nothing merged yet) or the ``(o, lse)`` so far. In this order:
    *post* the exchange (``dist.isend`` the held ``kv`` to rank ``rank + 1``,

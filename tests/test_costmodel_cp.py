@@ -61,3 +61,10 @@ def test_planner_needs_cp_for_70b_at_128k_tokens():
     assert plans[0].cp > 1 and plans[0].seconds <= plans[-1].seconds
     with pytest.raises(ValueError, match="no configuration"):
         plan_context_parallel(shape, cm.H100_CLUSTER, 128, cps=(1,))
+
+
+def test_a_send_moves_its_whole_buffer():
+    assert cm.bus_factor("send", 4) == 1.0
+    assert cm.bus_factor("all_to_all", 4) == 0.75
+    with pytest.raises(ValueError, match="unknown collective"):
+        cm.bus_factor("gossip", 4)

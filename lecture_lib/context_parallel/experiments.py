@@ -48,8 +48,7 @@ def attention_on_rank(shape, cases, seed: int = 0, group=None) -> list[dict]:
             o = METHODS[method](*mine, group, layout, causal)
             o.backward(shard_sequence(do, rank, cp, layout, dim=2).to(o.device))
         out.append({"o": o.detach(), "grads": [t.grad for t in mine],
-                    "sent": {ph: log.buffer_bytes(ph, "send") + log.sent_bytes(ph, "all_to_all")
-                             for ph in ("forward", "backward")},
+                    "sent": {ph: log.sent_bytes(ph) for ph in ("forward", "backward")},
                     "messages": {ph: log.calls(ph) for ph in ("forward", "backward")}})
     return out
 

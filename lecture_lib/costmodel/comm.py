@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 _STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "all_to_all": 1}
 
 
@@ -50,7 +52,13 @@ INFINIBAND_HDR = Link("InfiniBand HDR (across nodes)", alpha=10e-6, beta=22e9,
 
 
 def bus_factor(kind: str, world_size: int) -> float:
-    """Bus bandwidth / algorithm bandwidth for a ring collective (nccl-tests' definition)."""
+    """Bus bandwidth / algorithm bandwidth for a ring collective (nccl-tests' definition).
+
+    A point-to-point ``"send"`` moves its whole buffer: factor 1 (so a recorder's
+    ``sent_bytes`` counts ring attention's and a pipeline's sends as they are).
+    """
+    if kind == "send":
+        return 1.0
     if kind not in _STEPS:
         raise ValueError(f"unknown collective {kind!r}; known: {sorted(_STEPS)}")
     if world_size < 1:
@@ -74,7 +82,6 @@ def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
     Each point is weighted by 1/seconds, so small and large messages count
     alike (a plain fit would let the largest message decide everything).
     """
-    import numpy as np
     x, y = np.asarray(nbytes, float), np.asarray(seconds, float)
     if len(x) < 2 or len(x) != len(y):
         raise ValueError("need at least two (nbytes, seconds) points of equal length")
