@@ -7,6 +7,7 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
 * :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
+* :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
@@ -21,6 +22,8 @@ from .pipeline import (microbatches_for_bubble, peak_microbatches, pipeline_bubb
 from .tensor_parallel import (H100_BF16_FLOPS, sent_bytes, tp_block_comm, tp_layer_flops,
                               tp_layer_time)
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
+from .context_parallel import (cp_activation_bytes_per_layer, cp_exposed_comm,
+                               memory_per_device_cp, ring_bytes_per_layer, ulysses_bytes_per_layer)
 from .steptime import (A100_CLUSTER, H100_CLUSTER, Cluster, Parallelism, StepTime, group_link,
                        step_time, training_flops)
-from .planner import Plan, explain, plan, rank_of
+from .planner import ContextParallelPlan, Plan, explain, plan, plan_context_parallel, rank_of

@@ -9,9 +9,10 @@ by modelled step time (:func:`step_time`), and say why the winner wins.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .comm import collective_time
+from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
 from .steptime import AXES, Cluster, Parallelism, StepTime, step_time
 
@@ -149,9 +150,6 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
     count only where the attention of the held block does not hide them
     (:func:`~.context_parallel.cp_exposed_comm`).
     """
-    from dataclasses import replace  # noqa: PLC0415  (only this planner needs it)
-
-    from .context_parallel import cp_exposed_comm, memory_per_device_cp  # noqa: PLC0415  (cycle)
     found = []
     for cp in cps:
         if cluster.devices % cp or shape.seq_len % (2 * cp):
