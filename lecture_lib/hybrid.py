@@ -1,4 +1,4 @@
-"""3-D parallelism: data x tensor x pipeline on one rank grid (Narayanan et al. 2021).
+"""3-D parallelism: data x tensor x pipeline (x context) on one rank grid (Narayanan et al. 2021).
 
 Megatron-LM trains GPT-3 175B on 1024 GPUs by combining the three schemes,
 each on its own axis of one rank grid (:class:`lecture_lib.mesh.RankGrid`,
@@ -15,7 +15,12 @@ tensor parallelism fastest so its group stays inside a node):
   gradients are averaged once per step, after the last micro-batch, over the
   dp group only (:class:`lecture_lib.data_parallel.DDPFlat`), then the optimizer
   steps, plain AdamW or ZeRO-1 (:class:`lecture_lib.zero.ShardedOptimizer`)
-  sharding its state over the dp group.
+  sharding its state over the dp group;
+* **context parallel** (``cp`` group, optional): every rank of the group holds
+  a slice of each sequence (:mod:`lecture_lib.context_parallel`); attention
+  runs as ring attention (or Ulysses) over the cp group, positions are the
+  global ones, and the gradients are averaged over the cp group too (every
+  cp rank holds the same weights).
 
 No piece is rewritten here: this module only wires the existing ones to the
 grid's groups, which is the lesson: each scheme communicates on its own axis.
@@ -28,10 +33,18 @@ import torch
 import torch.nn as nn
 
 from . import launch
+from .context_parallel import (
+    ContextParallelAttention,
+    LayoutPositionEmbedding,
+    check_context_parallel,
+    positions,
+    shard_sequence,
+    sync_context_parallel_grads,
+)
 from .data_parallel import DDPFlat
-from .mesh import RankGrid, check_grid
+from .mesh import RankGrid, check_grid, grid_dims
 from .metrics import Timer
-from .models import GPT, GPTConfig, MarkovText, TrainResult, shard
+from .models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer, shard
 from .pipeline import PipelineExecutor, check_pipeline, make_schedule, split_gpt
 from .tensor_parallel import ParallelBlock, check_tensor_parallel, gather_full
 from .zero import ShardedOptimizer
@@ -45,13 +58,16 @@ class HybridConfig:
     microbatches: int = 1          # per pipeline, per step
     schedule: str = "1f1b"
     zero1: bool = False
+    cp: int = 1                    # context parallel: the sequence split over cp ranks
+    layout: str = "zigzag"         # cp's slices of the sequence (context_parallel.layout)
+    cp_method: str = "ring"        # "ring" or "ulysses"
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def dims(self) -> dict:
-        return {"dp": self.dp, "pp": self.pp, "tp": self.tp}
+        return grid_dims(dp=self.dp, pp=self.pp, cp=self.cp, tp=self.tp)
 
 
 def check_hybrid(cfg: GPTConfig, par: HybridConfig, batch_size: int,
@@ -59,6 +75,8 @@ def check_hybrid(cfg: GPTConfig, par: HybridConfig, batch_size: int,
     """Every check that can be made before a process starts; a clear ValueError otherwise."""
     check_grid(par.world_size if world_size is None else world_size, par.dims())
     check_tensor_parallel(cfg, par.tp)
+    if par.cp > 1:
+        check_context_parallel(cfg, par.cp, par.layout, par.cp_method, par.tp)
     if batch_size % par.dp:
         raise ValueError(f"a batch of {batch_size} does not split over dp={par.dp} replicas")
     schedule = make_schedule(par.schedule, par.pp, par.microbatches)
@@ -70,19 +88,22 @@ def build_stage(cfg: GPTConfig, par: HybridConfig, grid: RankGrid, seed: int = 0
     gpt = GPT(cfg, seed).to(launch.device())
     if par.tp > 1:
         gpt.blocks = nn.ModuleList(ParallelBlock(b, grid.group("tp")) for b in gpt.blocks)
+    if par.cp > 1:
+        where = positions(grid.coord("cp"), par.cp, cfg.seq_len, par.layout)
+        gpt.pos_emb = LayoutPositionEmbedding(gpt.pos_emb, where)
+        for block in gpt.blocks:
+            block.attn = ContextParallelAttention(block.attn, grid.group("cp"), par.layout,
+                                                  par.cp_method)
     return nn.ModuleList([split_gpt(gpt, par.pp)[grid.coord("pp")]])
 
 
-OPTIMIZERS = {"adamw": (torch.optim.AdamW, {"weight_decay": 0.01}), "sgd": (torch.optim.SGD, {})}
-
-
 def _optimizer(params, name: str, lr: float, zero1: bool, group):
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, not {name!r}")
-    cls, kwargs = OPTIMIZERS[name]
-    if zero1:
-        return ShardedOptimizer(params, cls, group=group, lr=lr, **kwargs)
-    return cls(params, lr=lr, **kwargs)
+    """``models.make_optimizer``'s optimizer, or the same class and settings under ZeRO-1."""
+    if not zero1:
+        return make_optimizer(params, name, lr)
+    like = make_optimizer([torch.zeros(1, requires_grad=True)], name, lr)
+    settings = {k: like.defaults[k] for k in ("lr", "weight_decay")}
+    return ShardedOptimizer(params, type(like), group=group, **settings)
 
 
 def train_on_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int,
@@ -93,7 +114,7 @@ def train_on_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int
     stage = build_stage(cfg, par, grid, seed)
     schedule = make_schedule(par.schedule, par.pp, par.microbatches)
     local_batch = batch_size // par.dp
-    shape = (local_batch // par.microbatches, cfg.seq_len, cfg.d_model)
+    shape = (local_batch // par.microbatches, cfg.seq_len // par.cp, cfg.d_model)
     executor = PipelineExecutor(list(stage), schedule, shape, ranks=grid.ranks("pp"),
                                 group=grid.group("pp"))
     model = DDPFlat(stage, group=grid.group("dp"))
@@ -101,12 +122,16 @@ def train_on_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int
     data, timer = MarkovText(cfg.vocab_size, cfg.seq_len, data_seed), Timer(launch.device())
     losses = []
     for step in range(steps):
-        x, y = shard(data.batch(step, batch_size), grid.coord("dp"), par.dp)
+        x, y = (shard_sequence(t, grid.coord("cp"), par.cp, par.layout)
+                for t in shard(data.batch(step, batch_size), grid.coord("dp"), par.dp))
         opt.zero_grad(set_to_none=True)
         with timer("pipeline"):                  # forward + backward of every micro-batch
             record = executor.step(x, y)
         with timer("dp sync"):                   # once per step, dp group only
             model.finish_gradient_synchronization()
+        if par.cp > 1:
+            with timer("cp sync"):               # the same weights on every cp rank
+                sync_context_parallel_grads(stage, grid.group("cp"))
         with timer("optimizer"):
             opt.step()
         if record.loss is not None:
@@ -126,14 +151,15 @@ def step_seconds(results: list[dict]) -> float:
 
 
 def merge_ranks(results: list[dict], par: HybridConfig) -> TrainResult:
-    """One :class:`TrainResult`: the batch's loss per step (mean over dp replicas) and the
-    full parameters (each stage's, from its dp=0, tp=0 rank)."""
+    """One :class:`TrainResult`: the batch's loss per step (mean over the dp replicas and the
+    cp slices, all of equal size) and the full parameters (each stage's, from its dp=0, tp=0,
+    cp=0 rank)."""
     last = [r["losses"] for r in results if r["coords"]["pp"] == par.pp - 1
             and r["coords"]["tp"] == 0]
     losses = [sum(step) / len(step) for step in zip(*last)]
     params = {}
     for r in results:
-        if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0:
+        if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0 and r["coords"].get("cp", 0) == 0:
             params.update(r["params"])
     return TrainResult(losses, params)
 
@@ -141,10 +167,9 @@ def merge_ranks(results: list[dict], par: HybridConfig) -> TrainResult:
 def train_hybrid(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int,
                  lr: float = 1e-2, seed: int = 0, data_seed: int = 0, optimizer: str = "adamw",
                  timeout: float = 300) -> tuple[TrainResult, list[dict]]:
-    """Train on ``dp * tp * pp`` ranks; the merged result and every rank's own report."""
+    """Train on ``dp * tp * pp * cp`` ranks; the merged result and every rank's own report."""
     check_hybrid(cfg, par, batch_size)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, not {optimizer!r}")
+    make_optimizer([torch.zeros(1, requires_grad=True)], optimizer, lr)   # bad name: now
     results = launch.run(train_on_rank, par.world_size, cfg, par, batch_size, steps, lr, seed,
                          data_seed, optimizer, timeout=timeout)
     return merge_ranks(results, par), results

@@ -1,6 +1,6 @@
 """The rank grid: which rank does what along each parallel dimension.
 
-With ``world_size = dp * tp * pp`` ranks, each rank has one coordinate per
+With ``world_size = dp * pp * cp * tp`` ranks, each rank has one coordinate per
 named dimension. Ranks are laid out row-major with the *last* dimension
 fastest, so ``RankGrid(dp=2, tp=2)`` puts ranks {0, 1} in one tensor-parallel
 group: the last dimension is the one to keep inside a node (fast links), as
@@ -9,12 +9,35 @@ Megatron-LM does with tensor parallelism.
 :func:`grid_coordinates` and :func:`grid_groups` are pure arithmetic (usable
 before any process starts, to check and to draw a configuration);
 :class:`RankGrid` builds the real process groups on torch's ``DeviceMesh``.
+
+The context-parallel axis ``cp`` (the sequence split over ranks,
+:mod:`lecture_lib.context_parallel`) goes just outside ``tp`` in
+:func:`grid_dims`: ring attention's K/V sends are the heaviest traffic after
+tensor parallelism's (Megatron-Core orders its groups tp, cp, ..., dp, pp from
+fastest). A grid without ``cp`` has ``cp = 1``: :func:`grid_groups` and
+:class:`RankGrid` answer for it as for a dimension of size one.
 """
 from __future__ import annotations
 
 import math
 
 import torch.distributed as dist
+
+from .comm import LOCAL
+
+ORDER = ("dp", "pp", "cp", "tp")
+"""The course's grid order, slowest to fastest (the last stays inside a node)."""
+DEFAULT_ONE = ("cp",)
+"""Dimensions a grid may leave out: absent, they have size 1."""
+
+
+def grid_dims(dp: int = 1, pp: int = 1, cp: int = 1, tp: int = 1) -> dict[str, int]:
+    """``{"dp", "pp", ["cp",] "tp"}`` in :data:`ORDER`; ``cp`` only when it is > 1, so a
+    grid without context parallelism is exactly the dp x pp x tp grid."""
+    dims = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
+    if cp == 1:
+        del dims["cp"]
+    return dims
 
 
 def check_grid(world_size: int, dims: dict[str, int]) -> None:
@@ -41,6 +64,8 @@ def grid_coordinates(rank: int, dims: dict[str, int]) -> dict[str, int]:
 
 def grid_groups(dims: dict[str, int], name: str) -> list[list[int]]:
     """Every group of ranks that differ only along dimension ``name``."""
+    if name in DEFAULT_ONE and name not in dims:
+        return [[rank] for rank in range(math.prod(dims.values()))]
     if name not in dims:
         raise KeyError(f"no dimension {name!r} in grid {dims}")
     world = math.prod(dims.values())
@@ -61,7 +86,7 @@ class RankGrid:
     """
 
     def __init__(self, device_type: str | None = None, **dims: int):
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415  (only ranks need it)
         world_size = dist.get_world_size()
         check_grid(world_size, dims)
         if device_type is None:
@@ -72,18 +97,25 @@ class RankGrid:
                                      mesh_dim_names=tuple(dims))
         self.coords = grid_coordinates(self.rank, self.dims)
 
+    def _absent(self, name: str) -> bool:
+        return name in DEFAULT_ONE and name not in self.dims
+
     def coord(self, name: str) -> int:
-        return self.coords[name]
+        return 0 if self._absent(name) else self.coords[name]
 
     def size(self, name: str) -> int:
-        return self.dims[name]
+        return 1 if self._absent(name) else self.dims[name]
 
     def group(self, name: str):
-        return self.mesh.get_group(name)
+        """The process group along ``name`` (``comm.LOCAL``, one rank, for an absent ``cp``)."""
+        return LOCAL if self._absent(name) else self.mesh.get_group(name)
 
     def ranks(self, name: str) -> list[int]:
         """Global ranks in this rank's group along ``name``."""
+        if self._absent(name):
+            return [self.rank]
         return dist.get_process_group_ranks(self.group(name))
 
     def __repr__(self):
-        return f"RankGrid({', '.join(f'{k}={v}' for k, v in self.dims.items())}; rank {self.rank} at {self.coords})"
+        shape = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        return f"RankGrid({shape}; rank {self.rank} at {self.coords})"

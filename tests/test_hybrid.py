@@ -45,3 +45,43 @@ def test_bad_configurations(par, batch, match):
 def test_grid_must_match_world_size():
     with pytest.raises(ValueError, match="has 4 ranks but world_size is 8"):
         check_hybrid(CFG, HybridConfig(dp=2, tp=2), 8, world_size=8)
+
+
+CP_GRIDS = [HybridConfig(dp=2, cp=2, microbatches=2),
+            HybridConfig(dp=2, tp=2, cp=2, microbatches=2),
+            HybridConfig(pp=2, cp=2, microbatches=2, layout="contiguous"),
+            HybridConfig(tp=2, cp=2, cp_method="ulysses", layout="contiguous")]
+
+
+@pytest.mark.parametrize("par", CP_GRIDS, ids=lambda p: "dp%d-tp%d-pp%d-cp%d-%s-%s" % (
+    p.dp, p.tp, p.pp, p.cp, p.cp_method, p.layout))
+def test_context_parallel_axis_equals_one_process(par):
+    # SGD: rtol 1e-4 as above; the cp gradients are averaged over the cp group, then over dp
+    got, results = train_hybrid(CFG, par, BATCH, STEPS, lr=0.1, optimizer="sgd", timeout=180)
+    assert_same_training(got, _reference("sgd", 0.1), rtol=1e-4, atol=1e-6)
+    assert {r["coords"]["cp"] for r in results} == {0, 1}
+
+
+def test_context_parallel_with_zero1_and_adamw():
+    par = HybridConfig(dp=2, cp=2, zero1=True)
+    got, _ = train_hybrid(CFG, par, BATCH, STEPS, lr=1e-2, timeout=180)
+    assert_same_training(got, _reference("adamw", 1e-2), rtol=1e-4, atol=1e-4)  # as above
+
+
+@pytest.mark.parametrize("par, seq_len, match", [
+    (HybridConfig(cp=3), 16, "not divisible by 6"),
+    (HybridConfig(cp=4, layout="zigzag"), 12, "not divisible by 8"),
+    (HybridConfig(tp=2, cp=4, cp_method="ulysses", layout="contiguous"), 16,
+     "heads divisible by cp"),
+])
+def test_bad_context_parallel_configurations(par, seq_len, match):
+    cfg = GPTConfig(vocab_size=32, seq_len=seq_len, d_model=32, n_heads=4, n_layers=4)
+    with pytest.raises(ValueError, match=match):
+        check_hybrid(cfg, par, 8)
+
+
+def test_hybrid_uses_the_models_optimizers():
+    import lecture_lib.hybrid as hybrid  # noqa: PLC0415  (the module, to look for a removed name)
+    assert not hasattr(hybrid, "OPTIMIZERS")
+    with pytest.raises(ValueError, match="optimizer must be"):
+        train_hybrid(CFG, HybridConfig(dp=2), BATCH, STEPS, optimizer="lion")

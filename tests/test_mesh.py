@@ -2,7 +2,8 @@
 import pytest
 
 import lecture_lib
-from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_groups
+from lecture_lib.comm import LOCAL
+from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_dims, grid_groups
 
 
 def test_coordinates_are_row_major_last_dim_fastest():
@@ -41,3 +42,30 @@ def test_bad_grids(dims, match):
 def test_a_rank_grid_of_the_wrong_size_fails_on_every_rank():
     with pytest.raises(lecture_lib.RankError, match="has 3 ranks but world_size is 2"):
         lecture_lib.run(lambda: RankGrid(dp=3), 2, timeout=60)
+
+
+def test_cp_axis_sits_just_outside_tp_and_defaults_to_one():
+    dims = grid_dims(dp=2, cp=2, tp=2)
+    assert list(dims) == ["dp", "pp", "cp", "tp"]
+    assert grid_dims(dp=2, tp=2) == {"dp": 2, "pp": 1, "tp": 2}       # no cp: the old grid
+    assert grid_coordinates(5, dims) == {"dp": 1, "pp": 0, "cp": 0, "tp": 1}
+    assert grid_groups(dims, "cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid_groups({"dp": 2, "tp": 2}, "cp") == [[0], [1], [2], [3]]
+    check_grid(8, dims)
+    with pytest.raises(ValueError, match="has 8 ranks but world_size is 4"):
+        check_grid(4, dims)
+    with pytest.raises(KeyError):
+        grid_groups({"dp": 2}, "ep")                  # only cp defaults to one
+
+
+def test_real_cp_groups_match_the_arithmetic():
+    def on_rank():
+        with_cp, without = RankGrid(**grid_dims(dp=2, cp=2)), RankGrid(dp=4)
+        return (with_cp.coord("cp"), with_cp.ranks("cp"), without.size("cp"),
+                without.coord("cp"), without.ranks("cp"), without.group("cp") == LOCAL)
+
+    for rank, (coord, ranks, size, c0, alone, local) in enumerate(lecture_lib.run(on_rank, 4,
+                                                                                  timeout=60)):
+        assert coord == grid_coordinates(rank, {"dp": 2, "pp": 1, "cp": 2})["cp"]
+        assert ranks in grid_groups({"dp": 2, "cp": 2}, "cp") and rank in ranks
+        assert (size, c0, alone, local) == (1, 0, [rank], True)

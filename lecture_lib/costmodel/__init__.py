@@ -7,6 +7,7 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
 * :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
+* :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
@@ -19,6 +20,13 @@ from .comm import (
                    bus_factor,
                    collective_time,
                    fit_alpha_beta,
+)
+from .context_parallel import (
+                   cp_activation_bytes_per_layer,
+                   cp_exposed_comm,
+                   memory_per_device_cp,
+                   ring_bytes_per_layer,
+                   ulysses_bytes_per_layer,
 )
 from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
 from .memory import (
@@ -34,7 +42,7 @@ from .memory import (
 )
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
 from .pipeline import microbatches_for_bubble, peak_microbatches, pipeline_bubble, zb_h1_bubble
-from .planner import Plan, explain, plan, rank_of
+from .planner import ContextParallelPlan, Plan, explain, plan, plan_context_parallel, rank_of
 from .steptime import (
                    A100_CLUSTER,
                    H100_CLUSTER,

@@ -52,7 +52,13 @@ INFINIBAND_HDR = Link("InfiniBand HDR (across nodes)", alpha=10e-6, beta=22e9,
 
 
 def bus_factor(kind: str, world_size: int) -> float:
-    """Bus bandwidth / algorithm bandwidth for a ring collective (nccl-tests' definition)."""
+    """Bus bandwidth / algorithm bandwidth for a ring collective (nccl-tests' definition).
+
+    A point-to-point ``"send"`` moves its whole buffer: factor 1 (so a recorder's
+    ``sent_bytes`` counts ring attention's and a pipeline's sends as they are).
+    """
+    if kind == "send":
+        return 1.0
     if kind not in _STEPS:
         raise ValueError(f"unknown collective {kind!r}; known: {sorted(_STEPS)}")
     if world_size < 1:

@@ -9,10 +9,12 @@ by modelled step time (:func:`step_time`), and say why the winner wins.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .comm import collective_time
+from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
-from .steptime import AXES, Cluster, Parallelism, StepTime, microbatches, step_time
+from .steptime import AXES, Cluster, Parallelism, StepTime, step_time
 
 MICRO_BATCHES = (1, 2, 4, 8)
 ZERO = (0, 1, 2, 3)
@@ -105,3 +107,71 @@ def explain(best: Plan, plans: list[Plan]) -> str:
         lines.append(f"  {other.parallelism.label()}: +{(other.seconds - t.total) * 1e3:.0f} ms, "
                      f"mostly {worst} (+{diff[worst] * 1e3:.0f} ms)")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Context parallelism for long sequences (lecture_lib.costmodel.context_parallel)
+# ----------------------------------------------------------------------------
+
+CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
+
+
+def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatch_compute: float) -> float:
+    """The gradient all-reduce over the ``dp x cp`` ranks less the last backward it hides."""
+    ranks = par.dp * cp
+    if ranks == 1:
+        return 0.0
+    link = cluster.intra if ranks * par.tp * par.pp <= cluster.gpus_per_node else cluster.inter
+    total = collective_time("all_reduce", 2 * shape.num_params / (par.tp * par.pp), ranks, link)
+    total *= 1.5 if par.zero_stage == 3 else 1.0
+    return max(0.0, total - microbatch_compute * 2 / 3)
+
+
+@dataclass
+class ContextParallelPlan:
+    """A plan for ``devices / cp`` ranks, each of its ranks a cp group sharing the sequence."""
+    cp: int
+    plan: Plan                 # times and memory per device, already divided by cp
+    cp_comm: float             # exposed ring-attention sends (seconds per step)
+
+    @property
+    def seconds(self) -> float:
+        return self.plan.seconds + self.cp_comm
+
+
+def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batch: int,
+                          cps=CONTEXT_PARALLEL, top: int | None = None) -> list:
+    """:func:`plan` with a cp axis (placed just outside tp), fastest first.
+
+    Each cp rank does ``1/cp`` of the compute, tensor- and pipeline-parallel
+    traffic of its group's sequence and stores ``1/cp`` of its activations
+    (:func:`~.context_parallel.memory_per_device_cp`); the data-parallel
+    all-reduce runs over ``dp x cp`` ranks (same bytes); ring attention's sends
+    count only where the attention of the held block does not hide them
+    (:func:`~.context_parallel.cp_exposed_comm`).
+    """
+    found = []
+    for cp in cps:
+        if cluster.devices % cp or shape.seq_len % (2 * cp):
+            continue
+        for par in candidates(shape, cluster.devices // cp, global_batch, cluster.gpus_per_node):
+            mem = memory_per_device_cp(shape, cp, par.dp, par.tp, par.pp, par.zero_stage,
+                                       par.micro_batch, par.recompute)
+            if mem["total"] > cluster.memory_bytes:
+                continue
+            t = step_time(shape, par, cluster, global_batch)
+            compute = t.compute / cp
+            t = replace(t, compute=compute, bubble=t.bubble / cp, tp_comm=t.tp_comm / cp,
+                        pp_comm=t.pp_comm / cp,
+                        dp_comm=_dp_exposed(shape, par, cp, cluster, compute / t.microbatches))
+            link = None if cp == 1 else (cluster.intra if par.tp * cp <= cluster.gpus_per_node
+                                         else cluster.inter)
+            exposed = cp_exposed_comm(shape, par.micro_batch, cp, link,
+                                      cluster.peak_flops * cluster.efficiency)
+            cp_comm = exposed * t.microbatches * shape.layers // par.pp
+            found.append(ContextParallelPlan(cp, Plan(par, t, mem), cp_comm))
+    if not found:
+        raise ValueError(f"no configuration of {shape.name} at {shape.seq_len} tokens fits in "
+                         f"{cluster.memory_bytes / 1e9:g} GB per device with cp in {tuple(cps)}")
+    found.sort(key=lambda p: (p.seconds, p.plan.memory["total"]))
+    return found[:top] if top else found

@@ -1,0 +1,59 @@
+# Generated from solutions/ex13_ring_attention.py by `python -m lecture_lib.exercises`.
+# Students: fill in every NotImplementedError below, then check your work with
+#   python -m lecture_lib.grade exercises/ex13_ring_attention.py
+"""Exercise 13: ring attention, the online-softmax merge and one step of the ring.
+
+Ring attention (Liu et al. 2023) splits the sequence over the ranks. Each rank
+keeps its queries and passes its keys and values around the ring; in
+``world_size`` steps every query meets every key. The partial results must be
+combined *exactly*, and that is what the online softmax does.
+
+1. ``merge(o_a, lse_a, o_b, lse_b)``: ``o_a`` (..., t, d) is the softmax
+   attention of some queries over key block ``a`` alone, ``lse_a`` (..., t) the
+   log-sum-exp of their scores over that block; likewise for block ``b``.
+   Return ``(o, lse)`` for the union of both blocks:
+
+       lse = log(exp(lse_a) + exp(lse_b))
+       o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b
+
+   Compute ``lse`` without overflow (``torch.logaddexp``): scores can be large.
+
+2. ``ring_step(q, kv, state)``: one step of the ring on this rank.
+   ``kv`` (2, ..., t, d) stacks the K and V block this rank holds; ``state`` is
+   ``None`` (nothing merged yet) or the ``(o, lse)`` so far. In this order:
+   *post* the exchange (``dist.isend`` the held ``kv`` to rank ``rank + 1``,
+   ``dist.irecv`` a block of the same shape from rank ``rank - 1``, modulo the
+   world size) so it runs while you compute; attend ``q`` to the held block
+   with ``block_attention``; merge it into ``state``; wait for the exchange.
+   Return ``(new_state, received_kv)``. Use ranks of the default group.
+
+``ring_attention`` below runs ``world_size`` steps with your two functions (no
+causal mask) and returns the attention output of this rank's queries.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+
+def block_attention(q, k, v):
+    """``(o, lse)``: softmax attention of ``q`` over one key block (given, not an exercise)."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def merge(o_a, lse_a, o_b, lse_b):
+    raise NotImplementedError("ex13: your code here")
+
+
+def ring_step(q, kv, state):
+    raise NotImplementedError("ex13: your code here")
+
+
+def ring_attention(q, k, v):
+    """This rank's attention output over every rank's keys (non-causal)."""
+    kv, state = torch.stack([k, v]), None
+    for _ in range(dist.get_world_size()):
+        state, kv = ring_step(q, kv, state)
+    return state[0]

@@ -1,0 +1,53 @@
+"""Context parallelism: long sequences split across ranks for every layer.
+
+* :mod:`.attention`: blockwise attention and the exact online-softmax merge;
+* :mod:`.layout`: contiguous and zig-zag (load-balanced) slices of the sequence;
+* :mod:`.ring`: ring attention (Liu et al. 2023), forward and backward;
+* :mod:`.ulysses`: DeepSpeed-Ulysses' all-to-all to heads and back (Jacobs et al. 2023);
+* :mod:`.model`: a GPT whose attention runs context-parallel;
+* :mod:`.figures`: the ring's K/V blocks, step by step;
+* :mod:`.experiments`: training, load balance, bytes per layer, activation memory.
+"""
+from .attention import (
+    attention_reference,
+    block_attention,
+    block_attention_backward,
+    causal_mask,
+    merge,
+)
+from .layout import (
+    LAYOUTS,
+    check_layout,
+    num_chunks,
+    positions,
+    rank_chunks,
+    shard_sequence,
+    unshard_sequence,
+)
+from .model import (
+    ContextParallelAttention,
+    LayoutPositionEmbedding,
+    check_context_parallel,
+    parallelize_gpt,
+    sync_context_parallel_grads,
+)
+from .ring import (
+    RingAttention,
+    block_pairs,
+    ring_attention,
+    ring_backward,
+    ring_forward,
+    ring_schedule,
+    ring_shift,
+)
+from .ulysses import check_ulysses, heads_to_seq, seq_to_heads, ulysses_attention
+
+__all__ = [
+    "attention_reference", "block_attention", "block_attention_backward", "causal_mask", "merge",
+    "LAYOUTS", "check_layout", "num_chunks", "positions", "rank_chunks", "shard_sequence",
+    "unshard_sequence", "ContextParallelAttention", "LayoutPositionEmbedding",
+    "check_context_parallel", "parallelize_gpt", "sync_context_parallel_grads",
+    "RingAttention", "block_pairs", "ring_attention", "ring_backward", "ring_forward",
+    "ring_schedule", "ring_shift", "check_ulysses", "heads_to_seq", "seq_to_heads",
+    "ulysses_attention",
+]

@@ -1,0 +1,186 @@
+"""What the context-parallelism notebook and tests run and measure.
+
+* :func:`compare_attention`: ring and Ulysses attention on ``cp`` ranks against
+  one process (outputs and gradients), with the bytes each rank sent;
+* :func:`train_context_parallel`: the GPT trained with its sequence split over
+  ``cp`` ranks, the result comparable with ``models.train_reference``;
+* :func:`measure_attention_flops`: per-rank attention FLOPs counted by
+  ``torch.utils.flop_counter`` on the operations the ring really ran;
+* :func:`measure_activation_memory`: bytes autograd saves per device for one
+  block, against sequence length, one process and under cp;
+* :func:`compare_with_torch`: PyTorch's own context parallel, if it runs here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from .. import launch
+from ..comm import record_comm, resolve
+from ..metrics import saved_tensor_bytes
+from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from .attention import attention_reference
+from .layout import check_layout, shard_sequence, unshard_sequence
+from .model import METHODS, check_context_parallel, parallelize_gpt, sync_context_parallel_grads
+from .ulysses import check_ulysses
+
+CASES = [(m, lay, c) for m in ("ring", "ulysses") for lay in ("contiguous", "zigzag")
+         for c in (True, False)]
+
+
+def _inputs(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for _ in range(4)]          # q, k, v, d(out)
+
+
+def attention_on_rank(shape, cases, seed: int = 0, group=None) -> list[dict]:
+    """Inside a rank: each case's output and q/k/v gradients (this rank's slice), bytes sent."""
+    _, rank, cp = resolve(group)
+    q, k, v, do = _inputs(shape, seed)
+    out = []
+    for method, layout, causal in cases:
+        mine = [shard_sequence(t, rank, cp, layout, dim=2).to(launch.device()) for t in (q, k, v)]
+        for t in mine:
+            t.requires_grad_(True)
+        with record_comm() as log:
+            o = METHODS[method](*mine, group, layout, causal)
+            o.backward(shard_sequence(do, rank, cp, layout, dim=2).to(o.device))
+        out.append({"o": o.detach(), "grads": [t.grad for t in mine],
+                    "sent": {ph: log.sent_bytes(ph) for ph in ("forward", "backward")},
+                    "messages": {ph: log.calls(ph) for ph in ("forward", "backward")}})
+    return out
+
+
+def compare_attention(cp: int, cases=CASES, shape=(2, 4, 32, 8), seed: int = 0,
+                      timeout: float = 120) -> list[dict]:
+    """Each case on ``cp`` ranks against one process: max abs errors, bytes per rank."""
+    for method, layout, _ in cases:
+        check_layout(shape[2], cp, layout)
+        if method == "ulysses":
+            check_ulysses(shape[1], cp)
+    results = launch.run(attention_on_rank, cp, shape, list(cases), seed, timeout=timeout)
+    q, k, v, do = _inputs(shape, seed)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    report = []
+    for i, (method, layout, causal) in enumerate(cases):
+        ref = attention_reference(q, k, v, causal)
+        ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+        got = unshard_sequence([r[i]["o"] for r in results], layout, dim=2)
+        got_grads = [unshard_sequence([r[i]["grads"][j] for r in results], layout, dim=2)
+                     for j in range(3)]
+        pairs = [(got, ref.detach())] + list(zip(got_grads, ref_grads))
+        report.append({"method": method, "layout": layout, "causal": causal, "cp": cp,
+                       "max_abs_err": max((a - b).abs().max().item() for a, b in pairs),
+                       "close": all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in pairs),
+                       "sent_bytes": results[0][i]["sent"],
+                       "messages": results[0][i]["messages"]})
+    return report
+
+
+def train_on_rank(cfg: GPTConfig, batch_size: int, steps: int, lr: float, optimizer: str,
+                  layout: str, method: str, seed: int, data_seed: int) -> dict:
+    """Inside a rank: train the GPT on this rank's slice of every sequence."""
+    _, rank, cp = resolve(None)
+    model = parallelize_gpt(GPT(cfg, seed).to(launch.device()), None, layout, method)
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    data, losses = MarkovText(cfg.vocab_size, cfg.seq_len, data_seed), []
+    for step in range(steps):
+        x, y = (shard_sequence(t, rank, cp, layout).to(launch.device())
+                for t in data.batch(step, batch_size))
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)                       # the mean over this rank's tokens
+        loss.backward()
+        sync_context_parallel_grads(model)       # average over cp: the mean over all tokens
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / cp)
+    return {"losses": losses,
+            "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()}}
+
+
+def train_context_parallel(cfg: GPTConfig, cp: int, batch_size: int, steps: int,
+                           lr: float = 1e-2, optimizer: str = "adamw", layout: str = "zigzag",
+                           method: str = "ring", seed: int = 0, data_seed: int = 0,
+                           timeout: float = 180) -> TrainResult:
+    """Train on ``cp`` ranks; rank 0's result (every cp rank holds the same weights)."""
+    check_context_parallel(cfg, cp, layout, method)
+    make_optimizer([torch.zeros(1, requires_grad=True)], optimizer, lr)   # bad name: now
+    results = launch.run(train_on_rank, cp, cfg, batch_size, steps, lr, optimizer, layout,
+                         method, seed, data_seed, timeout=timeout)
+    return TrainResult(results[0]["losses"], results[0]["params"])
+
+
+def _flops_on_rank(shape, layouts, causal: bool) -> dict:
+    _, rank, cp = resolve(None)
+    q, k, v, _ = _inputs(shape, 0)
+    out = {}
+    for layout in layouts:
+        mine = [shard_sequence(t, rank, cp, layout, dim=2).to(launch.device()) for t in (q, k, v)]
+        with FlopCounterMode(display=False) as counter:
+            METHODS["ring"](*mine, None, layout, causal)
+        out[layout] = counter.get_total_flops()
+    return out
+
+
+def measure_attention_flops(cp: int, shape=(1, 4, 64, 16), causal: bool = True,
+                            layouts=("contiguous", "zigzag"), timeout: float = 120) -> dict:
+    """``{layout: [forward attention FLOPs of rank r]}``, counted on the ops the ring ran."""
+    for layout in layouts:
+        check_layout(shape[2], cp, layout)
+    results = launch.run(_flops_on_rank, cp, shape, tuple(layouts), causal, timeout=timeout)
+    return {layout: [r[layout] for r in results] for layout in layouts}
+
+
+def _memory_on_rank(cfg: GPTConfig, batch_size: int, layout: str, group=None) -> int:
+    _, rank, cp = resolve(group)
+    model = parallelize_gpt(GPT(cfg, 0).to(launch.device()), group, layout, "ring")
+    block = model.blocks[0]
+    g = torch.Generator().manual_seed(1)
+    x = shard_sequence(torch.randn(batch_size, cfg.seq_len, cfg.d_model, generator=g),
+                       rank, cp, layout).to(launch.device()).requires_grad_(True)
+    with saved_tensor_bytes() as saved:
+        block(x)
+    return saved.activation_bytes(block)
+
+
+def measure_activation_memory(seq_lens, cp: int, batch_size: int = 1, d_model: int = 32,
+                              n_heads: int = 4, layout: str = "zigzag",
+                              timeout: float = 120) -> dict:
+    """``{seq_len: (one-process bytes, per-device bytes under cp)}`` saved by one block."""
+    out = {}
+    for s in seq_lens:
+        cfg = GPTConfig(vocab_size=32, seq_len=s, d_model=d_model, n_heads=n_heads, n_layers=1)
+        check_context_parallel(cfg, cp, layout)
+        one = _memory_on_rank(cfg, batch_size, layout, group="local")
+        per_device = launch.run(_memory_on_rank, cp, cfg, batch_size, layout, timeout=timeout)
+        out[s] = (one, max(per_device))
+    return out
+
+
+def _torch_cp_on_rank(shape, seed: int) -> dict:
+    """Inside a rank: torch's ``context_parallel`` on SDPA against one process."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415  (DTensor: slow import, this baseline only)
+    from torch.distributed.tensor.experimental import context_parallel  # noqa: PLC0415  (same)
+    q, k, v, _ = _inputs(shape, seed)
+    ref = attention_reference(q, k, v, True)
+    mesh = init_device_mesh(launch.device().type, (dist.get_world_size(),))
+    buffers = [t.clone().to(launch.device()) for t in (q, k, v, ref)]
+    try:
+        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):
+            out = F.scaled_dot_product_attention(*buffers[:3], is_causal=True)
+        err = (out - buffers[3]).abs().max().item()                # torch shards its own way
+        return {"ran": True, "max_abs_err": err, "error": ""}
+    except (NotImplementedError, RuntimeError) as e:
+        return {"ran": False, "max_abs_err": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def compare_with_torch(cp: int = 2, shape=(1, 4, 32, 8), seed: int = 0,
+                       timeout: float = 120) -> list[dict]:
+    """PyTorch's own context parallel (``torch.distributed.tensor.experimental``) on ``cp``
+    ranks: per rank, whether it ran, its max abs error against one process, or the error."""
+    check_layout(shape[2], cp, "zigzag")
+    return launch.run(_torch_cp_on_rank, cp, shape, seed, timeout=timeout)

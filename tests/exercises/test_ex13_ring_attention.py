@@ -1,0 +1,73 @@
+"""ex13: the online-softmax merge, then one step of ring attention."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import lecture_lib
+from lecture_lib.grading import load_exercise
+
+ex = load_exercise("ex13")
+POINTS = 10
+
+
+def _qkv(seed, shape=(1, 2, 6, 4), scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=torch.float64) * scale for _ in range(3)]
+
+
+def test_merge_of_two_blocks_is_one_softmax():
+    q, k, v = _qkv(0)
+    a = ex.block_attention(q, k[..., :2, :], v[..., :2, :])
+    b = ex.block_attention(q, k[..., 2:, :], v[..., 2:, :])
+    o, lse = ex.merge(*a, *b)
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 2.0, -1))
+    o2, lse2 = ex.merge(*b, *a)
+    torch.testing.assert_close((o2, lse2), (o, lse)), "the merge must not depend on the order"
+
+
+def test_merge_does_not_overflow():
+    q, k, v = _qkv(1, scale=40.0)                      # scores in the thousands
+    o, lse = ex.merge(*ex.block_attention(q, k[..., :3, :], v[..., :3, :]),
+                      *ex.block_attention(q, k[..., 3:, :], v[..., 3:, :]))
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v))
+
+
+def _one_step():
+    rank = dist.get_rank()
+    q, k, v = _qkv(10 + rank)
+    kv = torch.stack([k, v])
+    first, got = ex.ring_step(q, kv, None)
+    second, _ = ex.ring_step(q, got, first)
+    return first, got, second
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_one_step_passes_kv_to_the_right_and_merges(world_size):
+    results = lecture_lib.run(_one_step, world_size, timeout=60)
+    for rank, (first, got, second) in enumerate(results):
+        q, k, v = _qkv(10 + rank)
+        left = (rank - 1) % world_size
+        _, lk, lv = _qkv(10 + left)
+        torch.testing.assert_close(got, torch.stack([lk, lv]), msg=f"rank {rank}: received")
+        torch.testing.assert_close(first[0], ex.block_attention(q, k, v)[0], msg=f"rank {rank}")
+        both = F.scaled_dot_product_attention(q, torch.cat([k, lk], -2), torch.cat([v, lv], -2))
+        torch.testing.assert_close(second[0], both, msg=f"rank {rank}: two steps merged")
+
+
+def _full_ring():
+    rank = dist.get_rank()
+    q, k, v = _qkv(20 + rank)
+    return ex.ring_attention(q, k, v)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_whole_ring_equals_one_process(world_size):
+    results = lecture_lib.run(_full_ring, world_size, timeout=60)
+    parts = [_qkv(20 + r) for r in range(world_size)]
+    k = torch.cat([p[1] for p in parts], -2)
+    v = torch.cat([p[2] for p in parts], -2)
+    for rank, out in enumerate(results):
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(parts[rank][0], k, v))
