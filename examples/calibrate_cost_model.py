@@ -2,7 +2,7 @@
 
     python examples/calibrate_cost_model.py
 
-The same as notebook 07, section 5, as a script (prints a markdown table).
+The same as notebook 08, section 5, as a script (prints a markdown table).
 """
 import numpy as np
 

@@ -248,7 +248,7 @@ def test_a_failing_rank_ends_the_step_with_a_clear_error():
 def test_fixed_cost_mode_shows_the_schedule():
     """Each action padded to its cost: the measured bubble is never below the schedule's
     (the executor cannot beat its dependencies) and falls with m as theory says. The
-    3-point agreement with theory on a quiet machine is measured in notebook 05; here,
+    3-point agreement with theory on a quiet machine is measured in notebook 06; here,
     with other tests sharing the cores, only wide margins are asserted."""
     cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=4)
     cost = (0.005, 0.010)

@@ -1,4 +1,4 @@
-"""Convergence experiments on the small GPT (what notebook 08's section 5 runs).
+"""Convergence experiments on the small GPT (what notebook 09's section 5 runs).
 
 Gradient clipping against a learning rate that diverges (Pascanu et al.
 2013); the linear scaling rule with warm-up (Goyal et al. 2017, "Accurate,

@@ -4,7 +4,7 @@ The gradient sync under test is :mod:`lecture_lib.data_parallel`'s:
 :class:`~lecture_lib.data_parallel.DDPNaive` (one all-reduce per gradient) or
 :class:`~lecture_lib.data_parallel.DDPFlat` (one all-reduce of all gradients
 through a flat buffer). :func:`planted_ddp` wraps a model in one of them with
-up to two of the silent bugs of notebook 08 planted:
+up to two of the silent bugs of notebook 09 planted:
 
 * ``op="sum"``: the gradients come out *summed* over the ranks instead of
   averaged (every rank's gradient enters the averaging sync ``N`` times too

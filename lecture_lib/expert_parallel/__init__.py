@@ -11,7 +11,7 @@ Read in this order:
 * :mod:`.router`: top-k routing, capacity in one global order, the load-balancing loss;
 * :mod:`.dispatch`: the count exchange, the dispatch plan, the differentiable all-to-all;
 * :mod:`.layer`: :class:`MoELayer` (route, plan, dispatch, experts, combine) and :class:`MoEGPT`;
-* :mod:`.experiments`: training equal to one process, drop rates, timed phases (notebook 06).
+* :mod:`.experiments`: training equal to one process, drop rates, timed phases (notebook 07).
 
 ``group=LOCAL`` (the same value as :data:`lecture_lib.comm.LOCAL`) keeps every
 expert in this process: the one-process reference.

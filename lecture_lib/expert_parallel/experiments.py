@@ -1,4 +1,4 @@
-"""What notebook 06 runs: MoE training equal to one process, drop rates, layer timings.
+"""What notebook 07 runs: MoE training equal to one process, drop rates, layer timings.
 
 * :func:`train_moe` (inside a rank, or ``group=LOCAL``) and
   :func:`train_expert_parallel` (launches the ranks): train :class:`MoEGPT`

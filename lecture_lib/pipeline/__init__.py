@@ -11,7 +11,7 @@
   weight gradient, send (:class:`PipelineExecutor`, :func:`exchange`); it measures nothing.
 * :mod:`.recorder`: opt-in measurement of a step: timeline, message delays,
   activation bytes (:class:`StepRecorder`).
-* :mod:`.experiments`: what notebook 05 runs: :func:`train`, :func:`train_many`,
+* :mod:`.experiments`: what notebook 06 runs: :func:`train`, :func:`train_many`,
   the fixed-cost mode (:class:`FixedCostExecutor`).
 * :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.
 

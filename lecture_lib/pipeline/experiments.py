@@ -1,4 +1,4 @@
-"""What notebook 05 runs: training through a pipeline, recorded, and the fixed-cost mode.
+"""What notebook 06 runs: training through a pipeline, recorded, and the fixed-cost mode.
 
 * :func:`train_stage` (the rank function) trains this rank's stage of the
   small GPT and records every step (:class:`~.recorder.StepRecorder`);

@@ -1,4 +1,4 @@
-"""The steps notebook 08 profiles: the course's own schemes, on the small GPT.
+"""The steps notebook 09 profiles: the course's own schemes, on the small GPT.
 
 ``make_step(timer, ...)`` factories for :func:`~.profiler.profile_run`; each
 builds its model on the rank and returns ``step(i)``:
@@ -21,7 +21,7 @@ from ..models import GPT, GPTConfig, MarkovText, shard
 from ..pipeline import PipelineExecutor, check_pipeline, make_schedule, split_gpt
 
 SYNCS = ("naive", "flat", "individual", "bucketed", "torch")
-_ALIASES = {"ddp": "torch", "per_param": "naive"}      # the names notebook 08 first used
+_ALIASES = {"ddp": "torch", "per_param": "naive"}      # the names notebook 09 first used
 _OVERLAPPED = ("individual", "bucketed", "torch")      # communicate during the backward
 
 
