@@ -7,16 +7,39 @@ data-parallel ranks instead, rank r owning the r-th 1/N of every parameter.
 
 * ``shards.py``: how a tensor is cut into N shards (padded when N does not divide it).
 * ``sharded_optimizer.py``: stages 1 and 2, :class:`ShardedOptimizer`.
-* ``fsdp.py``: stage 3, :class:`FullyShardedModel` (fully sharded data parallelism).
+* ``units.py``: FSDP's wrap policy (which submodules are gathered together).
+* ``fsdp.py``: stage 3, :class:`FullyShardedModel` (fully sharded data parallelism):
+  parameters are the shards, a compute dtype, prefetching, resharding.
+* ``fsdp_api.py``: CS336's interface (``get_fsdp``, ``fsdp_on_after_backward``,
+  ``fsdp_gather_full_params``) and per-rank sharded checkpoints.
 * ``experiments.py``: :func:`shard_model`, :func:`train_sharded`, :func:`held_bytes`,
   :func:`fsdp2_side_by_side`, what notebook 03 runs.
 
 Every piece takes ``group=`` (default: the world), so a hybrid mesh can shard
 over its data-parallel group alone.
 """
-from .experiments import fsdp2_side_by_side, held_bytes, shard_model, train_sharded
-from .fsdp import FullyShardedModel
+from .experiments import (
+    data_parallel_steps,
+    fsdp2_side_by_side,
+    held_bytes,
+    shard_model,
+    train_fsdp,
+    train_fsdp2,
+    train_sharded,
+)
+from .fsdp import FullyShardedModel, check_fsdp
+from .fsdp_api import (
+    fsdp_gather_full_params,
+    fsdp_on_after_backward,
+    get_fsdp,
+    load_sharded,
+    save_sharded,
+)
 from .sharded_optimizer import GRADIENT_MODES, ShardedOptimizer
+from .units import default_policy, resolve_units
 
-__all__ = ["GRADIENT_MODES", "ShardedOptimizer", "FullyShardedModel", "shard_model",
-           "held_bytes", "train_sharded", "fsdp2_side_by_side"]
+__all__ = ["GRADIENT_MODES", "ShardedOptimizer", "FullyShardedModel", "check_fsdp",
+           "get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params", "save_sharded",
+           "load_sharded", "default_policy", "resolve_units", "shard_model", "held_bytes",
+           "data_parallel_steps", "train_sharded", "train_fsdp", "train_fsdp2",
+           "fsdp2_side_by_side"]
