@@ -59,7 +59,8 @@ class FullyShardedModel(nn.Module):
     ``reshard_after_forward`` frees full weights after forward; ``prefetch``
     overlaps the next unit's all-gather with this unit's compute.
     ``peak_gathered_bytes`` is the most full-weight bytes held at once;
-    ``events`` (a list, off while ``None``) records ``(what, unit, phase)``.
+    ``events`` (a list, off while ``None``) records ``(what, unit, phase)``, what
+    being gather (launched), wait, full, compute, done, reduce_scatter or free.
     """
 
     def __init__(self, module: nn.Module, units=None, group=None, compute_dtype=None,
@@ -139,6 +140,7 @@ class FullyShardedModel(nn.Module):
         if unit.gathered:
             return
         self._launch_gather(unit, phase)
+        self._note("wait", unit, phase)
         if unit.params:
             work, buf = unit.work
             unit.work = None
@@ -201,6 +203,7 @@ class FullyShardedModel(nn.Module):
             first = _first_grad_tensor(out)
             if first is not None:
                 first.register_hook(lambda g, unit=unit: self._pre_backward(unit, g))
+        self._note("done", unit, "forward")
         if self.reshard_after_forward:
             self._free(unit, "forward")
 
