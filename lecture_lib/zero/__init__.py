@@ -13,7 +13,9 @@ data-parallel ranks instead, rank r owning the r-th 1/N of every parameter.
 * ``fsdp_api.py``: CS336's interface (``get_fsdp``, ``fsdp_on_after_backward``,
   ``fsdp_gather_full_params``) and per-rank sharded checkpoints.
 * ``experiments.py``: :func:`shard_model`, :func:`train_sharded`, :func:`held_bytes`,
-  :func:`fsdp2_side_by_side`, what notebook 03 runs.
+  :func:`train_fsdp`, :func:`fsdp2_side_by_side`, what notebook 03 runs;
+  ``fsdp_experiments.py``: bytes sent per step, memory with and without resharding,
+  prefetch timelines; ``picture.py``: which rank holds what, moment by moment.
 
 Every piece takes ``group=`` (default: the world), so a hybrid mesh can shard
 over its data-parallel group alone.
@@ -35,6 +37,14 @@ from .fsdp_api import (
     load_sharded,
     save_sharded,
 )
+from .fsdp_experiments import (
+    event_spans,
+    fsdp_timeline,
+    measure_comm_volume,
+    measure_fsdp_memory,
+    overlapped_seconds,
+)
+from .picture import plot_shard_states, shard_states
 from .sharded_optimizer import GRADIENT_MODES, ShardedOptimizer
 from .units import default_policy, resolve_units
 
@@ -42,4 +52,6 @@ __all__ = ["GRADIENT_MODES", "ShardedOptimizer", "FullyShardedModel", "check_fsd
            "get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params", "save_sharded",
            "load_sharded", "default_policy", "resolve_units", "shard_model", "held_bytes",
            "data_parallel_steps", "train_sharded", "train_fsdp", "train_fsdp2",
-           "fsdp2_side_by_side"]
+           "fsdp2_side_by_side", "measure_comm_volume", "measure_fsdp_memory",
+           "fsdp_timeline", "event_spans", "overlapped_seconds", "shard_states",
+           "plot_shard_states"]
