@@ -143,7 +143,7 @@ def test_side_by_side_with_fsdp2():
     out = lecture_lib.run(zero.fsdp2_side_by_side, 2, lambda: GPT(CFG).double(), batches,
                           STEPS, timeout=180)
     ref = _reference(torch.float64)
-    for rank, r in enumerate(out):
+    for r in out:
         for name in ("ours", "fsdp2"):
             assert_same_training(r[name]["result"], ref, rtol=1e-5, atol=1e-6)
         for kind in ("params", "grads", "optimizer"):
@@ -188,8 +188,8 @@ def _two_replicas():
 def test_every_stage_shards_over_a_subgroup():
     ref = _reference(torch.float64)
     n = sum(p.numel() for p in GPT(CFG).parameters())
-    for rank, out in enumerate(lecture_lib.run(_two_replicas, 4, timeout=180)):
-        for name, got in out.items():
+    for out in lecture_lib.run(_two_replicas, 4, timeout=180):
+        for got in out.values():
             assert_same_training(got["result"], ref, rtol=1e-5, atol=1e-6)
         # sharded over 2, not 4: the optimizer state is half of 16 bytes per parameter
         assert out[1]["held"]["optimizer"] == pytest.approx(16 * n / 2, rel=0.05)
@@ -202,6 +202,6 @@ def _too_few_elements():
 
 
 def test_more_ranks_than_elements_is_a_clear_error():
-    with pytest.raises(lecture_lib.RankError,
-                       match=r"raised ValueError: more ranks \(4\) than parameter elements to shard \(2\)"):
+    with pytest.raises(lecture_lib.RankError, match=r"raised ValueError: more ranks \(4\) "
+                       r"than parameter elements to shard \(2\)"):
         lecture_lib.run(_too_few_elements, 4, timeout=60)
