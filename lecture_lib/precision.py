@@ -29,6 +29,51 @@ from .metrics import saved_tensor_bytes, state_bytes, tensor_bytes, wall_time
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+class LossScaler:
+    """Dynamic loss scaling (Micikevicius et al. 2018), for any training loop.
+
+    ``(loss * scaler.scale).backward()``; ``finite = scaler.unscale_(params)``
+    divides their ``.grad`` by the scale and says whether all are finite; step
+    only if so; then ``scaler.update(finite)`` halves the scale after an
+    overflow and doubles it after ``growth_interval`` good steps. ``dtype``
+    other than ``"fp16"`` keeps the scale fixed (1 by default).
+    """
+
+    def __init__(self, dtype: str = "fp16", loss_scale: float | None = None,
+                 growth_interval: int = 100):
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1, not {growth_interval}")
+        if loss_scale is None:
+            loss_scale = 2.0 ** 16 if dtype == "fp16" else 1.0
+        if loss_scale <= 0:
+            raise ValueError(f"loss_scale must be positive, not {loss_scale}")
+        self.scale = float(loss_scale)
+        self.dynamic = dtype == "fp16"
+        self.growth_interval, self._good = growth_interval, 0
+        self.skipped = 0
+
+    @torch.no_grad()
+    def unscale_(self, params) -> bool:
+        finite = True
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(self.scale)
+                finite = finite and bool(torch.isfinite(p.grad).all())
+        return finite
+
+    def update(self, finite: bool) -> None:
+        if not self.dynamic:
+            return
+        if not finite:
+            self.scale /= 2
+            self.skipped += 1
+            self._good = 0
+        else:
+            self._good += 1
+            if self._good % self.growth_interval == 0:
+                self.scale *= 2
+
+
 class MixedPrecisionTrainer:
     """Train ``model`` in 16-bit with fp32 master weights; ``trainer.step(x, y) -> loss``.
 
@@ -42,55 +87,40 @@ class MixedPrecisionTrainer:
                  growth_interval: int = 100):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, not {dtype!r}")
-        if growth_interval < 1:
-            raise ValueError(f"growth_interval must be >= 1, not {growth_interval}")
         self.dtype = DTYPES[dtype]
         self.model = model
         self.master = [p.detach().float().clone().requires_grad_(p.requires_grad)
                        for p in model.parameters()]
         model.to(self.dtype)
         self.optimizer = torch.optim.AdamW(self.master, lr=lr, weight_decay=weight_decay)
-        if loss_scale is None:
-            loss_scale = 2.0 ** 16 if dtype == "fp16" else 1.0
-        if loss_scale <= 0:
-            raise ValueError(f"loss_scale must be positive, not {loss_scale}")
-        self.scale = float(loss_scale)
-        self.dynamic = dtype == "fp16"
-        self.growth_interval, self._good = growth_interval, 0
-        self.skipped = 0
+        self.scaler = LossScaler(dtype, loss_scale, growth_interval)
 
     def step(self, x, y) -> float:
         """One forward, backward and (unless the gradients overflowed) optimizer step."""
         for p in self.model.parameters():
             p.grad = None
         loss = self.model(x, y)
-        (loss.float() * self.scale).backward()
-        finite = True
+        (loss.float() * self.scaler.scale).backward()
         with torch.no_grad():
             for p, m in zip(self.model.parameters(), self.master):
-                m.grad = None if p.grad is None else p.grad.float() / self.scale
-                if m.grad is not None and not torch.isfinite(m.grad).all():
-                    finite = False
+                m.grad = None if p.grad is None else p.grad.float()
+            finite = self.scaler.unscale_(self.master)
             if finite:
                 self.optimizer.step()
                 for p, m in zip(self.model.parameters(), self.master):
                     p.copy_(m)               # round the fp32 master back to 16 bits
             for m in self.master:
                 m.grad = None                # fp32 gradients live only during the step
-        self._update_scale(finite)
+        self.scaler.update(finite)
         return loss.item()
 
-    def _update_scale(self, finite: bool) -> None:
-        if not self.dynamic:
-            return
-        if not finite:
-            self.scale /= 2
-            self.skipped += 1
-            self._good = 0
-        else:
-            self._good += 1
-            if self._good % self.growth_interval == 0:
-                self.scale *= 2
+    @property
+    def scale(self) -> float:
+        return self.scaler.scale
+
+    @property
+    def skipped(self) -> int:
+        return self.scaler.skipped
 
     def held_bytes(self) -> dict:
         """Bytes held between steps: model params and grads; master weights + moments."""

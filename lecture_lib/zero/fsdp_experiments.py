@@ -1,0 +1,168 @@
+"""What notebook 03 measures about FSDP: bytes on the wire, memory, prefetch timelines.
+
+* :func:`measure_comm_volume`: the bytes a rank sends in one step, from the
+  :func:`lecture_lib.comm.record_comm` recorder, for ZeRO-1, ZeRO-2 and FSDP
+  (resharding or not, 16-bit compute or not), in units of Psi, the bytes of
+  one full copy of the parameters in their own dtype (Rajbhandari et al. 2020,
+  section 7: 2 Psi for ZeRO-1/2 and data parallelism, 3 Psi for stage 3).
+* :func:`measure_fsdp_memory`: the full-weight bytes held at the peak, with and
+  without ``reshard_after_forward``.
+* :func:`fsdp_timeline`: one rank's spans of compute, all-gathers in flight and
+  time blocked waiting, with prefetching on or off, read off the model's
+  events against the rank's ``timer`` (a :class:`lecture_lib.metrics.Timer`:
+  real time here; any timer with ``t0`` and, optionally, ``now()`` will do, so
+  an emulated clock can replace it).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..comm import group_info, record_comm
+from ..launch import device
+from ..models import make_optimizer, shard
+from ..precision import LossScaler
+from .experiments import shard_model
+from .fsdp import FullyShardedModel
+from .fsdp_api import fsdp_on_after_backward
+
+VOLUME_CASES = ("zero1", "zero2", "fsdp", "fsdp_keep", "fsdp_bf16")
+
+
+def _build(case: str, make_model, group):
+    model = make_model().to(device())
+    if case in ("zero1", "zero2"):
+        return shard_model(model, 1 if case == "zero1" else 2, torch.optim.SGD, group, lr=1e-2)
+    kwargs = {"fsdp_keep": {"reshard_after_forward": False},
+              "fsdp_bf16": {"compute_dtype": torch.bfloat16}}.get(case, {})
+    model = FullyShardedModel(model, group=group, **kwargs)
+    return model, make_optimizer(model.parameters(), "sgd", 1e-2)
+
+
+def _one_step(model, opt, x, y, scaler: LossScaler | None = None) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    (loss.float() * (scaler.scale if scaler else 1.0)).backward()
+    if isinstance(model, FullyShardedModel):
+        fsdp_on_after_backward(model, opt)
+    opt.step()
+    return loss.detach()
+
+
+def measure_comm_volume(make_model, batches, cases=VOLUME_CASES, group=None) -> dict:
+    """Rank function: ``{case: {"sent": bytes, "psi": sent / Psi, "summary": ...}}``.
+
+    ``psi`` is the bytes one rank sent in one step divided by Psi and by
+    (N-1)/N (what a ring all-gather of Psi sends), so the paper's 2 and 3
+    read directly. Also ``"Psi"`` (bytes) and ``"world_size"``.
+    """
+    rank, world = group_info(group, required=True)
+    x, y = (t.to(device()) for t in shard(batches(0), rank, world))
+    psi = sum(p.numel() * p.element_size() for p in make_model().parameters())
+    out = {"Psi": psi, "world_size": world}
+    for case in cases:
+        model, opt = _build(case, make_model, group)
+        with record_comm() as log:
+            _one_step(model, opt, x, y)
+        sent = log.sent_bytes()
+        out[case] = {"sent": sent, "psi": sent / psi / ((world - 1) / world),
+                     "summary": log.summary()}
+    return out
+
+
+def measure_fsdp_memory(make_model, batches, group=None) -> dict:
+    """Rank function: peak full-weight bytes and bytes sent, resharding after forward or not."""
+    rank, world = group_info(group, required=True)
+    x, y = (t.to(device()) for t in shard(batches(0), rank, world))
+    out = {}
+    for reshard in (True, False):
+        model = FullyShardedModel(make_model().to(device()), group=group,
+                                  reshard_after_forward=reshard)
+        opt = make_optimizer(model.parameters(), "sgd", 1e-2)
+        with record_comm() as log:
+            _one_step(model, opt, x, y)
+        out[reshard] = {"peak_gathered_bytes": model.peak_gathered_bytes,
+                        "sent": log.sent_bytes(),
+                        "gathers": log.calls(kind="all_gather")}
+    return out
+
+
+class _Stamped(list):
+    """The model's event list, each event stamped with the timer's clock."""
+
+    def __init__(self, timer):
+        super().__init__()
+        self.timer = timer
+
+    def now(self) -> float:
+        clock = getattr(self.timer, "now", None)
+        return clock() if clock is not None else time.perf_counter() - self.timer.t0
+
+    def append(self, event) -> None:
+        super().append((*event, self.now()))
+
+
+def event_spans(events) -> list[tuple[str, str, str, float, float]]:
+    """``[(kind, unit, phase, start, end)]``: kind compute, in flight or blocked."""
+    spans, opened = [], {}
+    for what, unit, phase, t in events:
+        key = (unit, phase)
+        if what == "gather":
+            opened[("flight",) + key] = t
+        elif what == "wait":
+            opened[("blocked",) + key] = t
+        elif what == "full":
+            for kind, name in (("flight", "in flight"), ("blocked", "blocked")):
+                start = opened.pop((kind,) + key, None)
+                if start is not None:
+                    spans.append((name, unit, phase, start, t))
+        elif what == "compute":
+            opened[("compute",) + key] = t
+        elif what in ("done", "reduce_scatter", "free"):
+            start = opened.pop(("compute",) + key, None)
+            if start is not None:
+                spans.append(("compute", unit, phase, start, t))
+    return spans
+
+
+def overlapped_seconds(spans) -> float:
+    """Seconds during which an all-gather was in flight while another unit computed."""
+    total = 0.0
+    for kind, unit, _, a, b in spans:
+        if kind != "in flight":
+            continue
+        for kind2, unit2, _, c, d in spans:
+            if kind2 == "compute" and unit2 != unit:
+                total += max(0.0, min(b, d) - max(a, c))
+    return total
+
+
+def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=None,
+                  **fsdp_kwargs) -> dict:
+    """Rank function: train ``steps`` and keep the last step's spans on ``timer``'s clock.
+
+    Returns ``spans`` (:func:`event_spans`), ``events`` (the last step's, without
+    times, for :func:`lecture_lib.zero.picture.shard_states`), ``step_seconds``
+    (each step, on the timer), ``blocked`` and ``overlapped`` seconds of the last step.
+    """
+    rank, world = group_info(group, required=True)
+    model = FullyShardedModel(make_model().to(device()), group=group, prefetch=prefetch,
+                              **fsdp_kwargs)
+    opt = make_optimizer(model.parameters(), "adamw", 1e-2)
+    seconds = []
+    for step in range(steps):
+        x, y = (t.to(device()) for t in shard(batches(step), rank, world))
+        model.events = _Stamped(timer)
+        with timer("step"):
+            _one_step(model, opt, x, y)
+        seconds.append(timer.spans[-1][2] - timer.spans[-1][1])
+    events = list(model.events)
+    model.events = None
+    spans = event_spans(events)
+    for kind, unit, phase, a, b in spans:
+        timer.spans.append((f"{kind} {unit} {phase}", a, b))
+    return {"spans": spans, "events": [e[:3] for e in events], "step_seconds": seconds,
+            "blocked": sum(b - a for k, _, _, a, b in spans if k == "blocked"),
+            "overlapped": overlapped_seconds(spans),
+            "units": [u.name for u in model.units()]}

@@ -1,0 +1,107 @@
+"""ex12: one FSDP unit with a compute dtype. Run against solutions/ by default;
+the grader points LECTURE_EXERCISE_PATH at a student's file.
+
+Tolerances: fp32 training equal to one process within rtol 1e-5, atol 1e-6 (SGD, so updates
+are proportional to gradients). bf16: the shards' gradients within 3% (relative, norm) of a
+one-process model running the same casts (bf16 weights and backward, fp32 gradients): the
+batch is split over ranks and the reduce-scatter sums bf16 numbers, each rounding costing up
+to 2^-8 = 0.4%.
+"""
+import torch
+import torch.distributed as dist
+
+import lecture_lib
+from lecture_lib.comm import record_comm
+from lecture_lib.grading import load_exercise
+from lecture_lib.models import ToyMLP, assert_same_training, regression_batch, train_reference
+
+ex = load_exercise("ex12")
+POINTS = 10
+SIZES = (5, 7, 3)                 # 35, 7, 21, 3 elements: no world size divides them all
+STEPS, BATCH = 3, 8
+
+
+def batches(step):
+    return regression_batch(step, BATCH, SIZES)
+
+
+def _full(unit):
+    """The unit's full parameters, rebuilt from every rank's shard (the test's own gather)."""
+    out = []
+    for shard, shape in zip(unit.shards, unit.shapes):
+        pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, shard.detach())
+        out.append(torch.cat(pieces)[:shape.numel()].reshape(shape))
+    return out
+
+
+def _train(dtype, steps):
+    model = ToyMLP(SIZES)
+    units = [ex.FSDPUnit(layer, dtype) for layer in model.layers]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)           # the shards, built the usual way
+    r, n = dist.get_rank(), dist.get_world_size()
+    losses, seen = [], []
+    model.layers[0].register_forward_pre_hook(           # runs after the unit's gather
+        lambda m, a: seen.append((m.weight.dtype, tuple(m.weight.shape))))
+    for step in range(steps):
+        x, y = batches(step)
+        x, y = x[r * BATCH // n:(r + 1) * BATCH // n], y[r * BATCH // n:(r + 1) * BATCH // n]
+        opt.zero_grad()
+        with record_comm() as log:
+            loss = model(x.to(dtype), y.to(dtype))
+            loss.backward()
+        opt.step()
+        total = loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(total.item() / n)
+    names = [name for name, _ in ToyMLP(SIZES).named_parameters()]
+    params = dict(zip(names, (p for u in units for p in _full(u))))
+    return {"result": lecture_lib.models.TrainResult(losses, params), "seen": seen,
+            "shards": [(tuple(p.shape), p.dtype, p.grad.dtype) for p in model.parameters()],
+            "held": [f.numel() for u in units for f in u.full],
+            "gathered": log.buffer_bytes(kind="all_gather"),
+            "scattered": log.buffer_bytes(kind="reduce_scatter"),
+            "grads": [p.grad.clone() for p in model.parameters()]}
+
+
+def _both(steps):
+    return {"fp32": _train(torch.float32, steps), "bf16": _train(torch.bfloat16, 1)}
+
+
+def test_fp32_trains_like_one_process_and_frees_what_it_gathers():
+    ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
+    for rank, r in enumerate(lecture_lib.run(_both, 2, STEPS, timeout=60)):
+        got = r["fp32"]
+        assert_same_training(got["result"], ref, rtol=1e-5, atol=1e-6)
+        assert got["held"] == [0] * 4, f"rank {rank}: full weights left after backward"
+        expected = [((p.numel() + 1) // 2,) for p in ToyMLP(SIZES).parameters()]
+        assert [s for s, _, _ in got["shards"]] == expected, f"rank {rank}: {got['shards']}"
+
+
+def _cast_reference_grads():
+    """One process, the same casts: bf16 weights and backward, gradients cast to fp32."""
+    model = ToyMLP(SIZES).to(torch.bfloat16)
+    x, y = batches(0)
+    model(x.bfloat16(), y.bfloat16()).backward()
+    return [p.grad.float().reshape(-1) for p in model.parameters()]
+
+
+def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
+    ref = _cast_reference_grads()
+    results = lecture_lib.run(_both, 2, 1, timeout=60)
+    for rank, r in enumerate(results):
+        fp32, bf16 = r["fp32"], r["bf16"]
+        assert bf16["seen"][0] == (torch.bfloat16, (7, 5)), f"rank {rank}: {bf16['seen']}"
+        assert all(d == g == torch.float32 for _, d, g in bf16["shards"]), bf16["shards"]
+        assert bf16["gathered"] * 2 == fp32["gathered"] > 0, "cast to bf16 before gathering"
+        assert bf16["scattered"] * 2 == fp32["scattered"] > 0, "reduce-scatter in bf16"
+        assert bf16["held"] == [0] * 4
+    for i, want in enumerate(ref):
+        got = torch.cat([r["bf16"]["grads"][i] for r in results])[:want.numel()]
+        assert (got - want).norm() <= 0.03 * want.norm() + 1e-8, f"parameter {i}"
+
+
+def test_works_at_world_size_4():
+    ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
+    for r in lecture_lib.run(_both, 4, STEPS, timeout=60):
+        assert_same_training(r["fp32"]["result"], ref, rtol=1e-5, atol=1e-6)
