@@ -18,7 +18,13 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import launch, models
+from lecture_lib import launch, models, pipeline, profiling
+from lecture_lib import tensor_parallel as tp
+from lecture_lib.collectives import bandwidth_sweep, ring_all_reduce
+from lecture_lib.context_parallel.experiments import compare_attention
+from lecture_lib.expert_parallel import MoELayer
+from lecture_lib.hybrid import HybridConfig, merge_ranks, train_on_rank
+from lecture_lib.zero import train_fsdp, train_sharded
 
 CFG = models.GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=4)
 
@@ -41,8 +47,6 @@ def check_devices(world, backend):
 
 
 def check_collectives(world, backend):
-    from lecture_lib.collectives import bandwidth_sweep, ring_all_reduce
-
     def ring():
         t = torch.arange(10.0, device=lecture_lib.device()) * (dist.get_rank() + 1)
         ring_all_reduce(t)
@@ -54,7 +58,6 @@ def check_collectives(world, backend):
 
 
 def check_hybrid(world, backend):
-    from lecture_lib.hybrid import HybridConfig, merge_ranks, train_on_rank
     par = HybridConfig(dp=world, microbatches=2, zero1=world > 1)
     out = launch.run(train_on_rank, world, CFG, par, 8, 3, 0.1, 0, 0, "sgd", backend=backend,
                      timeout=300)
@@ -63,7 +66,6 @@ def check_hybrid(world, backend):
 
 
 def check_tensor_parallel(world, backend):
-    from lecture_lib import tensor_parallel as tp
     out = launch.run(tp.train_on_rank, world, CFG, 3, 8, 0, 0, 0.1, "sgd", backend=backend,
                      timeout=300)
     models.assert_same_training(out[0], _reference(3, 8), rtol=1e-4, atol=1e-5)
@@ -71,7 +73,6 @@ def check_tensor_parallel(world, backend):
 
 
 def check_pipeline(world, backend):
-    from lecture_lib import pipeline
     sched = pipeline.make_schedule("1f1b", world, 4)
     out = launch.run(pipeline.train_stage, world, sched, CFG, 8, 2, backend=backend,
                      timeout=300)
@@ -80,7 +81,6 @@ def check_pipeline(world, backend):
 
 
 def check_zero(world, backend):
-    from lecture_lib.zero import train_sharded
     data = models.MarkovText(CFG.vocab_size, CFG.seq_len)
 
     def rank_fn():
@@ -89,9 +89,33 @@ def check_zero(world, backend):
     return f"losses {res.losses}"
 
 
-def check_expert_parallel(world, backend):
-    from lecture_lib.expert_parallel import MoELayer
+def check_fsdp(world, backend):
+    """FSDP with bf16 compute (casts before the all-gather, fp32 master shards)."""
+    data = models.MarkovText(CFG.vocab_size, CFG.seq_len)
 
+    def rank_fn():
+        out = train_fsdp(lambda: models.GPT(CFG, 0), lambda s: data.batch(s, 8), 3, lr=0.1,
+                         optimizer="sgd", compute_dtype=torch.bfloat16)
+        return out["result"]
+    res = launch.run(rank_fn, world, backend=backend, timeout=300)[0]
+    ref = _reference(3, 8)
+    gap = max(abs(a - b) / b for a, b in zip(res.losses, ref.losses))
+    assert gap < 2e-2, (res.losses, ref.losses)
+    return f"bf16 losses within {gap:.1e} of fp32 one-process"
+
+
+def check_context_parallel(world, backend):
+    if world < 2:
+        return "skipped (needs 2 ranks)"
+    if backend != launch.choose_backend(world):
+        return "skipped (compare_attention picks the backend itself)"
+    report = compare_attention(world)
+    bad = [r for r in report if not r["close"]]
+    assert not bad, bad
+    return f"{len(report)} ring/Ulysses cases equal to one process"
+
+
+def check_expert_parallel(world, backend):
     def moe():
         layer = MoELayer(32, 64, num_experts=2 * world, k=2).to(lecture_lib.device())
         x = torch.randn(64, 32, device=lecture_lib.device(), requires_grad=True)
@@ -104,7 +128,6 @@ def check_expert_parallel(world, backend):
 
 
 def check_profiling(world, backend):
-    from lecture_lib import profiling
     if backend != launch.choose_backend(world):
         return "skipped (profile_run picks the backend itself)"
     profiles = profiling.profile_run(profiling.data_parallel_step, world, batch_size=4,
@@ -125,6 +148,7 @@ def main(argv) -> int:
     for name, check in [("devices", check_devices), ("collectives", check_collectives),
                         ("hybrid", check_hybrid), ("tensor parallel", check_tensor_parallel),
                         ("pipeline", check_pipeline), ("ZeRO-1", check_zero),
+                        ("FSDP bf16", check_fsdp), ("context parallel", check_context_parallel),
                         ("expert parallel", check_expert_parallel),
                         ("profiling", check_profiling)]:
         try:

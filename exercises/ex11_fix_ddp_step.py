@@ -6,7 +6,7 @@
 ``buggy_train_step`` below is one data-parallel step as a rank runs it: each
 rank holds a full copy of the model and its own shard ``(x, y)`` of the
 global batch, computes its gradients, synchronises them with the other
-ranks, and steps its optimizer. It has three bugs; run it in notebook 08
+ranks, and steps its optimizer. It has three bugs; run it in notebook 09
 and the debugging tools find them:
 
 1. the gradients are summed over the ranks, not averaged (the update is
@@ -21,12 +21,11 @@ training the same model on the whole batch in one process (the shards are
 equal in size). Use one ``dist.all_reduce`` per gradient or one for all;
 return the global batch's mean loss as a Python float, the same on every rank.
 """
-import torch
 import torch.distributed as dist
 
 
 def buggy_train_step(model, optimizer, x, y) -> float:
-    """The step to fix (do not change it: notebook 08 finds its bugs)."""
+    """The step to fix (do not change it: notebook 09 finds its bugs)."""
     optimizer.zero_grad(set_to_none=True)
     loss = model(x, y)
     loss.backward()

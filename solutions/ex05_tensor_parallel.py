@@ -82,7 +82,10 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """This rank's input features of ``full``; ``forward(x_i)`` (x split by columns) gives all of y."""
+    """This rank's input features of ``full``.
+
+    ``forward(x_i)`` (x split by columns) gives all of y.
+    """
 
     def __init__(self, full: nn.Linear):
         super().__init__()

@@ -18,7 +18,6 @@ training the same model on the whole batch in one process (the shards are
 equal in size). Use one ``dist.all_reduce`` per gradient or one for all;
 return the global batch's mean loss as a Python float, the same on every rank.
 """
-import torch
 import torch.distributed as dist
 
 
