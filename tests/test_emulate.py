@@ -11,8 +11,13 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
+from lecture_lib import data_parallel as DP
 from lecture_lib import emulate
+from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
+from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
+from lecture_lib.pipeline import make_schedule, train_stage
+from lecture_lib.zero import FullyShardedModel
 
 H100 = emulate.preset("h100-node")
 NV, IB = H100.intra, H100.inter
@@ -124,3 +129,150 @@ def test_collectives_and_messages_on_four_ranks():
     _close(t0, matmul + IB.alpha + n / IB.beta)
     _close(t1, matmul + IB.alpha + n / IB.beta)  # arrival = sender's time + message
     assert last == n // 4 - 1
+
+
+# ----------------------------------------------------------------------------
+# Results untouched: every scheme, with and without the emulation, bit for bit
+# ----------------------------------------------------------------------------
+
+CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
+DATA = MarkovText(CFG.vocab_size, CFG.seq_len, seed=1)
+
+
+def _ddp(variant):
+    model = GPT(CFG, seed=0)
+    wrapped = {"flat": lambda m: DP.DDPFlat(m),
+               "individual": lambda m: DP.DDPIndividualParameters(m),
+               "bucketed": lambda m: DP.DDPBucketed(m, bucket_size_mb=0.01)}[variant](model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for step in range(2):
+        x, y = shard(DATA.batch(step, 8), dist.get_rank(), dist.get_world_size())
+        opt.zero_grad(set_to_none=True)
+        wrapped.on_train_batch_start()
+        loss = lm_loss(wrapped(x), y)
+        loss.backward()
+        wrapped.finish_gradient_synchronization()
+        opt.step()
+        losses.append(loss.detach())
+    return losses + [p.detach().clone() for p in model.parameters()]
+
+
+def _tensor_parallel():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16)                       # the same input on every rank
+    col = TP.ColumnParallelLinear(16, 32, seed=1)
+    row = TP.RowParallelLinear(32, 16, seed=2)
+    out = row(torch.relu(col(x)))
+    out.square().mean().backward()
+    return [out.detach()] + [p.grad.clone() for p in (col.weight, col.bias, row.weight)]
+
+
+def _zero3():
+    model = FullyShardedModel(GPT(CFG, seed=0))
+    opt = torch.optim.SGD(model.shard_parameters(), lr=0.5)
+    out = []
+    for step in range(2):
+        x, y = shard(DATA.batch(step, 8), dist.get_rank(), dist.get_world_size())
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out + list(model.full_parameters().values())
+
+
+def _pipeline():
+    result = train_stage(make_schedule("1f1b", 2, 4), CFG, 8, steps=2)
+    return result["losses"] + list(result["grads"].values()) + list(result["params"].values())
+
+
+SCHEMES = {"ddp flat": lambda: _ddp("flat"), "ddp individual": lambda: _ddp("individual"),
+           "ddp bucketed": lambda: _ddp("bucketed"), "tensor parallel": _tensor_parallel,
+           "zero-3": _zero3, "pipeline 1f1b": _pipeline}
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def _with_and_without():
+    out = {}
+    for name, fn in SCHEMES.items():
+        plain = fn()
+        with emulate.emulated("h100-node") as clock:
+            emulated = fn()
+        out[name] = (all(_same(a, b) for a, b in zip(plain, emulated, strict=True)),
+                     clock.now(), clock.comm_bytes)
+    return out
+
+
+def test_results_are_bit_identical_with_and_without_emulation():
+    for rank_result in lecture_lib.run(_with_and_without, 2, timeout=240):
+        for name, (same, now, comm_bytes) in rank_result.items():
+            assert same, f"{name}: results differ under emulation"
+            assert now > 0 and comm_bytes > 0, name      # it did charge compute and messages
+
+
+# ----------------------------------------------------------------------------
+# Virtual time is deterministic: a busy core changes nothing
+# ----------------------------------------------------------------------------
+
+def _timeline():
+    with emulate.emulated("h100-node") as clock:
+        _ddp("bucketed")
+        _pipeline()
+    return clock.summary()
+
+
+def test_a_busy_core_does_not_change_the_emulated_timeline():
+    idle = lecture_lib.run(_timeline, 2, timeout=120)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = lecture_lib.run(_timeline, 2, timeout=120)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert len(idle[0]["spans"]) > 20
+    assert idle == busy
+
+
+# ----------------------------------------------------------------------------
+# Bad input is refused before any process starts
+# ----------------------------------------------------------------------------
+
+def test_bad_presets_and_links_are_refused(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
+    with pytest.raises(ValueError, match="unknown emulation preset"):
+        emulate.run(_all_reduce, 2, 1024, preset="h200-node")
+    with pytest.raises(ValueError, match="bandwidth"):
+        emulate.Cluster("bad", emulate.H100_SXM, Link("slow", 1e-6, 0.0), IB)
+    with pytest.raises(ValueError, match="bandwidth"):
+        emulate.run(_all_reduce, 2, 1024,
+                    preset=emulate.preset("h100-node", inter=Link("neg", 1e-6, -5.0)))
+    with pytest.raises(ValueError, match="latency"):
+        emulate.preset("a100-node", intra=Link("neg", -1.0, 1e9))
+    with pytest.raises(ValueError, match="memory_bandwidth"):
+        emulate.Device("bad", 1e12, 1e12, 1e12, memory_bandwidth=0)
+    with pytest.raises(ValueError, match="fp32"):
+        emulate.preset("h100-node", fp32="fp8")
+    with pytest.raises(TypeError):
+        emulate.run(_all_reduce, 2, preset=3.0)
+    with pytest.raises(RuntimeError, match="already on"):
+        with emulate.emulated("h100-node"), emulate.emulated("a100-node"):
+            pass
+    assert dist.all_reduce.__name__ == "all_reduce" and emulate.current() is None
+
+
+def test_a_user_defined_device_and_link():
+    chip = emulate.Device("toy", bf16_flops=1e12, tf32_flops=1e12, fp32_flops=1e12,
+                          memory_bandwidth=1e15)
+    cluster = emulate.Cluster("toy pair", chip, Link("a", 1e-6, 1e9), Link("b", 1e-5, 1e8))
+    a = torch.randn(256, 256)
+    with emulate.emulated(cluster) as clock:
+        a @ a
+    _close(clock.now(), 2 * 256 ** 3 / 1e12)
+    assert cluster.link([0, 1]).name == "a" and cluster.link([7, 8]).name == "b"
