@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import data_parallel as DP
-from lecture_lib import emulate
+from lecture_lib import emulate, metrics, plots
 from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
@@ -276,3 +276,35 @@ def test_a_user_defined_device_and_link():
         a @ a
     _close(clock.now(), 2 * 256 ** 3 / 1e12)
     assert cluster.link([0, 1]).name == "a" and cluster.link([7, 8]).name == "b"
+
+
+# ----------------------------------------------------------------------------
+# The library's timers and labels report emulated time while it is on
+# ----------------------------------------------------------------------------
+
+def test_timer_wall_time_and_stamp_report_emulated_time():
+    a = torch.randn(1024, 1024)
+    with emulate.emulated("h100-node", fp32="tf32") as clock:
+        timer = metrics.Timer()
+        with timer("compute"), metrics.wall_time() as t:
+            a @ a
+        assert timer.time_kind == t.time_kind == "emulated H100 + NVLink"
+    expected = 2 * 1024 ** 3 / H100.device.tf32_flops
+    _close(timer.totals["compute"], expected)
+    _close(t.seconds, expected)
+    assert timer.spans[0][1] == 0.0 and clock.now() == timer.spans[0][2]
+    assert metrics.time_kind() == "real" and metrics.Timer().time_kind == "real"
+    label = plots.machine_label("gloo", 4, emulated="h100-node")
+    assert label.startswith("emulated H100 + NVLink, measured from the real code on ")
+    assert plots.machine_label("gloo", 4).startswith("measured on ")
+
+
+def test_mfu_is_model_flops_over_peak():
+    # PaLM appendix B's example shape: 6N + 12 L T d per token.
+    per_token = metrics.model_flops_per_token(1_000_000, n_layers=2, seq_len=16, d_model=32)
+    assert per_token == 6e6 + 12 * 2 * 16 * 32
+    assert metrics.mfu(1000.0, per_token, 1e12, devices=2) == 1000.0 * per_token / 2e12
+    with pytest.raises(ValueError):
+        metrics.mfu(1.0, per_token, 0.0)
+    with pytest.raises(ValueError):
+        metrics.model_flops_per_token(-1)
