@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
@@ -37,26 +36,49 @@ _COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_dtensor"}
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes an operation touches reading or writing ``t`` (at most its storage)."""
     nbytes = t.numel() * t.element_size()
+    if t.is_contiguous():
+        return nbytes
     try:
         return min(nbytes, t.untyped_storage().nbytes())
     except (RuntimeError, NotImplementedError):      # tensors without storage
         return nbytes
 
 
-def _is_free(func) -> bool:
-    if func.is_view:
-        return True
-    return func._overloadpacket.__name__ in _FREE
+def _tensors(values):
+    """The tensors among ``values`` and inside the lists/tuples among them (one level)."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    yield x
+
+
+_INFO: dict = {}
+
+
+def _info(func):
+    """``(free, flop counter or None)`` of an operation, looked up once per operation."""
+    info = _INFO.get(func)
+    if info is None:
+        packet = func._overloadpacket
+        free = (func.namespace in _COMM_NAMESPACES or func.is_view
+                or packet.__name__ in _FREE)
+        info = _INFO[func] = (free, flop_registry.get(packet))
+    return info
 
 
 def op_cost(func, args, kwargs, out, cluster) -> tuple[float, float, int]:
     """``(seconds, flops, bytes)`` of one executed operation on ``cluster``'s device."""
-    if func.namespace in _COMM_NAMESPACES or _is_free(func):
+    free, counter = _info(func)
+    if free:
         return 0.0, 0.0, 0
-    inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    inputs = list(_tensors(args))
+    if kwargs:
+        inputs += _tensors(kwargs.values())
+    outputs = list(_tensors(out if isinstance(out, (list, tuple)) else (out,)))
     nbytes = sum(tensor_bytes(t) for t in inputs) + sum(tensor_bytes(t) for t in outputs)
-    counter = flop_registry.get(func._overloadpacket)
     flops = float(counter(*args, **kwargs, out_val=out)) if counter is not None else 0.0
     ref = outputs[0] if outputs else (inputs[0] if inputs else None)
     rate = cluster.flops(ref.dtype if ref is not None else torch.float32)
