@@ -78,12 +78,18 @@ def stamp(fig, backend: str | None = None, world_size: int | None = None,
 
 
 def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms",
-                  colors: dict | None = None, labels: bool = False) -> None:
+                  colors: dict | None = None, labels: bool = False,
+                  legend_outside: bool = False) -> None:
     """Gantt chart: ``timelines[rank] = [(kind, start_s, end_s), ...]`` or
-    ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top."""
+    ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top.
+
+    Keys that are not ranks (strings such as ``"bucketed: comm"``) label their
+    rows as given, in the dict's order. ``legend_outside`` puts the legend to
+    the right of the axes, clear of the data.
+    """
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     colors = {**COLORS, **(colors or {})}
-    ranks = sorted(timelines)
+    ranks = sorted(timelines) if all(isinstance(k, int) for k in timelines) else list(timelines)
     seen = {}
     for row, rank in enumerate(ranks):
         for span in timelines[rank]:
@@ -94,10 +100,15 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
             if labels and len(span) > 3:
                 ax.text((start + end) / 2 * scale, row, str(span[3]), ha="center",
                         va="center", fontsize=7, color="white")
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" if isinstance(r, int) else str(r)
+                                      for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
-    ax.legend(seen.values(), seen.keys(), loc="upper right", fontsize=7, ncol=len(seen))
+    if legend_outside:
+        ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  fontsize=8)
+    else:
+        ax.legend(seen.values(), seen.keys(), loc="upper right", fontsize=7, ncol=len(seen))
