@@ -8,9 +8,11 @@
   the simple, correct choice for teaching (it removes overlap on purpose;
   measure overlap with :func:`wall_time` around the whole step instead).
   Under the emulation (:mod:`lecture_lib.emulate`) the same timer reads the
-  rank's virtual clock instead: spans and totals are emulated seconds, and
-  synchronising means waiting for both virtual streams. ``timer.time_kind``
-  says which ("real" or "emulated H100 + NVLink").
+  rank's virtual *compute stream* instead, as CUDA events recorded on it
+  would: spans and totals are emulated seconds, and an asynchronous
+  all-reduce still overlaps (a ``comm`` span around ``work.wait()`` is the
+  communication left exposed). :func:`wall_time` synchronises both virtual
+  streams. ``timer.time_kind`` says which time ("real" or "emulated H100 + NVLink").
 * :func:`now` and :func:`time_kind`: the clock every measurement here reads.
 * :func:`tokens_per_second` and :func:`share`: the derived figures.
 * :func:`model_flops_per_token` and :func:`mfu`: model FLOPs utilisation,
@@ -38,12 +40,13 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
-def now(device: torch.device | str | None = None) -> float:
+def now(device: torch.device | str | None = None, stream_only: bool = False) -> float:
     """Seconds on this rank's clock, after synchronising: emulated under the emulation,
-    ``time.perf_counter()`` otherwise."""
+    ``time.perf_counter()`` otherwise. Under the emulation ``stream_only=True`` reads
+    the compute stream without waiting for the communication stream (a CUDA event)."""
     clock = _emulation()
     if clock is not None:
-        return clock.synchronize()
+        return clock.now() if stream_only else clock.synchronize()
     synchronize(device)
     return time.perf_counter()
 
@@ -75,11 +78,11 @@ class Timer:
     @contextmanager
     def __call__(self, phase: str):
         self.time_kind = time_kind()
-        start = now(self.device)
+        start = now(self.device, stream_only=True)
         try:
             yield
         finally:
-            end = now(self.device)
+            end = now(self.device, stream_only=True)
             self.totals[phase] += end - start
             self.spans.append((phase, start - self._t0(), end - self._t0()))
 

@@ -49,8 +49,9 @@ class Clock:
 
     # -- reading -------------------------------------------------------------
     def now(self) -> float:
-        """Emulated seconds at which this rank's compute stream is done so far."""
-        self.resolve()
+        """Emulated seconds at which this rank's compute stream is done so far
+        (what a CUDA event recorded on it now would read; pending collectives do
+        not move it until something waits for them)."""
         return self.compute
 
     def synchronize(self) -> float:
