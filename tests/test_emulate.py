@@ -15,6 +15,8 @@ from lecture_lib import data_parallel as DP
 from lecture_lib import emulate, metrics, plots
 from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
+from lecture_lib.expert_parallel import MoEConfig, train_moe
+from lecture_lib.hybrid import HybridConfig, train_on_rank
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
 from lecture_lib.pipeline import make_schedule, train_stage
 from lecture_lib.zero import FullyShardedModel
@@ -187,18 +189,28 @@ def _pipeline():
     return result["losses"] + list(result["grads"].values()) + list(result["params"].values())
 
 
+def _expert_parallel():
+    result = train_moe(CFG, MoEConfig(num_experts=4), steps=2, batch_size=8)
+    return result.losses + list(result.params.values())
+
+
+def _hybrid():
+    result = train_on_rank(CFG, HybridConfig(tp=2, pp=2, microbatches=2), 8, steps=2)
+    return result["losses"] + list(result["params"].values())
+
+
 SCHEMES = {"ddp flat": lambda: _ddp("flat"), "ddp individual": lambda: _ddp("individual"),
            "ddp bucketed": lambda: _ddp("bucketed"), "tensor parallel": _tensor_parallel,
-           "zero-3": _zero3, "pipeline 1f1b": _pipeline}
+           "zero-3": _zero3, "pipeline 1f1b": _pipeline, "expert parallel": _expert_parallel}
 
 
 def _same(a, b) -> bool:
     return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
-def _with_and_without():
+def _with_and_without(schemes):
     out = {}
-    for name, fn in SCHEMES.items():
+    for name, fn in schemes.items():
         plain = fn()
         with emulate.emulated("h100-node") as clock:
             emulated = fn()
@@ -208,7 +220,9 @@ def _with_and_without():
 
 
 def test_results_are_bit_identical_with_and_without_emulation():
-    for rank_result in lecture_lib.run(_with_and_without, 2, timeout=240):
+    runs = lecture_lib.run(_with_and_without, 2, SCHEMES, timeout=240)
+    runs += lecture_lib.run(_with_and_without, 4, {"hybrid tp2 x pp2": _hybrid}, timeout=240)
+    for rank_result in runs:
         for name, (same, now, comm_bytes) in rank_result.items():
             assert same, f"{name}: results differ under emulation"
             assert now > 0 and comm_bytes > 0, name      # it did charge compute and messages
