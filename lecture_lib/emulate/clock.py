@@ -44,6 +44,8 @@ class Clock:
     totals: dict = field(default_factory=dict)
     flops: float = 0.0                  # counted FLOPs charged so far
     comm_bytes: float = 0.0             # bytes of the buffers of the collectives/messages
+    bytes_by_kind: dict = field(default_factory=dict)   # {"all_gather": bytes, "send": ...}
+    calls_by_kind: dict = field(default_factory=dict)
     kind: str = "compute"               # the kind new compute is charged as
     _pending: list = field(default_factory=list, repr=False)   # resolvers of async clocks
 
@@ -71,7 +73,10 @@ class Clock:
     def summary(self) -> dict:
         self.resolve()
         return {"now": self.compute, "comm_end": self.comm, "totals": dict(self.totals),
-                "flops": self.flops, "comm_bytes": self.comm_bytes, "spans": list(self.spans)}
+                "flops": self.flops, "comm_bytes": self.comm_bytes,
+                "bytes_by_kind": dict(self.bytes_by_kind),
+                "calls_by_kind": dict(self.calls_by_kind),
+                "spans": list(self.spans)}
 
     # -- labelling -----------------------------------------------------------
     @contextmanager
@@ -97,10 +102,15 @@ class Clock:
             self.spans.append((self.kind, start, self.compute, ""))
 
     def comm_span(self, text: str, start: float, end: float, nbytes: float,
-                  occupy: bool = True) -> None:
-        """Record a transfer ``start..end``; ``occupy`` moves the comm stream to ``end``."""
+                  occupy: bool = True, kind: str | None = None) -> None:
+        """Record a transfer ``start..end`` of a buffer of ``nbytes`` (the full buffer of a
+        collective, as :mod:`lecture_lib.comm` counts it); ``occupy`` moves the comm
+        stream to ``end``; ``kind`` (default ``text``) keys ``bytes_by_kind``."""
         if occupy:
             self.comm = max(self.comm, end)
+        kind = kind or text
+        self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + nbytes
+        self.calls_by_kind[kind] = self.calls_by_kind.get(kind, 0) + 1
         self.comm_bytes += nbytes
         self._add("comm", end - start)
         self.spans.append(("comm", start, end, text))

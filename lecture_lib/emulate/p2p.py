@@ -49,7 +49,7 @@ def _send(state: State, a: dict, asynchronous: bool):
     end = start + p2p_seconds(n, state.cluster.link([state.rank, peer]))
     stamp = torch.tensor([start], dtype=torch.float64)
     stamp_work = ORIGINAL["isend"](stamp, **_stamp_kwargs(a, "dst"))
-    clock.comm_span(f"send to {peer}", start, end, n)
+    clock.comm_span(f"send to {peer}", start, end, n, kind="send")
     if not asynchronous:
         ORIGINAL["send"](a["tensor"], **_stamp_kwargs(a, "dst"))
         stamp_work.wait()
@@ -64,7 +64,8 @@ def _arrival(state: State, a: dict, peer: int, stamp: torch.Tensor, issue: float
     start = float(stamp.item())
     arrival = start + p2p_seconds(n, state.cluster.link([state.rank, peer]))
     done = max(issue, arrival)
-    state.clock.comm_span(f"recv from {peer}", max(issue, start), done, n, occupy=False)
+    state.clock.comm_span(f"recv from {peer}", max(issue, start), done, n, occupy=False,
+                          kind="recv")
     return done
 
 
