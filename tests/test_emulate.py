@@ -347,3 +347,18 @@ def test_timer_reads_the_compute_stream_so_overlap_stays():
         _close(totals["compute"], matmul)       # the async all-reduce did not stall compute
         _close(totals["comm"], ring - matmul)   # only the exposed part is "comm"
         _close(step, ring)
+
+
+def _zero3_bytes():
+    model = FullyShardedModel(GPT(CFG, seed=0))
+    x, y = shard(DATA.batch(0, 8), dist.get_rank(), dist.get_world_size())
+    with emulate.emulated("h100-node") as clock:
+        lm_loss(model(x), y).backward()
+    psi = 4 * sum(p.numel() for p in model.shard_parameters()) * dist.get_world_size()
+    return psi, clock.bytes_by_kind
+
+
+def test_zero3_moves_three_psi_measured_from_the_messages():
+    for psi, moved in lecture_lib.run(_zero3_bytes, 2, timeout=120):
+        # all-gather before forward and again before backward, reduce-scatter after it
+        assert moved == {"all_gather": 2 * psi, "reduce_scatter": psi}
