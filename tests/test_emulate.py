@@ -362,3 +362,10 @@ def test_zero3_moves_three_psi_measured_from_the_messages():
     for psi, moved in lecture_lib.run(_zero3_bytes, 2, timeout=120):
         # all-gather before forward and again before backward, reduce-scatter after it
         assert moved == {"all_gather": 2 * psi, "reduce_scatter": psi}
+
+
+def test_a_copy_reads_its_source_and_writes_its_destination():
+    src, dst = torch.randn(1 << 20), torch.empty(1 << 20)
+    with emulate.emulated("h100-node") as clock:
+        dst.copy_(src)
+    _close(clock.now(), 2 * 4 * (1 << 20) / BW)

@@ -17,10 +17,11 @@ decompose an operation: decomposing could change the numbers it computes.
 
 Bytes are the tensors an operation reads (its tensor arguments) and writes
 (its tensor results), each at most its storage's size (an expanded tensor
-reads its storage once). Views (``view``, ``t``, slicing, ``expand``), fresh
-allocations (``empty``) and ``detach`` move no data and cost nothing;
-communication operations (namespace ``c10d``) are charged by :mod:`.comm`,
-not here.
+reads its storage once); ``copy_``, ``fill_``, ``zero_`` and the in-place
+random fills write their first argument without reading it. Views
+(``view``, ``t``, slicing, ``expand``), fresh allocations (``empty``) and
+``detach`` move no data and cost nothing; communication operations
+(namespace ``c10d``) are charged by :mod:`.comm`, not here.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from torch.utils.flop_counter import flop_registry
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
          "lift_fresh", "alias", "set_", "resize_", "_local_scalar_dense"}
 _COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_dtensor"}
+# In-place operations that overwrite their first argument without reading it.
+_WRITE_ONLY = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_"}
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -59,22 +62,25 @@ _INFO: dict = {}
 
 
 def _info(func):
-    """``(free, flop counter or None)`` of an operation, looked up once per operation."""
+    """``(free, write-only first argument, flop counter or None)`` of an operation,
+    looked up once per operation."""
     info = _INFO.get(func)
     if info is None:
         packet = func._overloadpacket
         free = (func.namespace in _COMM_NAMESPACES or func.is_view
                 or packet.__name__ in _FREE)
-        info = _INFO[func] = (free, flop_registry.get(packet))
+        info = _INFO[func] = (free, packet.__name__ in _WRITE_ONLY, flop_registry.get(packet))
     return info
 
 
 def op_cost(func, args, kwargs, out, cluster) -> tuple[float, float, int]:
     """``(seconds, flops, bytes)`` of one executed operation on ``cluster``'s device."""
-    free, counter = _info(func)
+    free, write_only, counter = _info(func)
     if free:
         return 0.0, 0.0, 0
     inputs = list(_tensors(args))
+    if write_only and inputs:
+        inputs = inputs[1:]                           # written (an output), not read
     if kwargs:
         inputs += _tensors(kwargs.values())
     outputs = list(_tensors(out if isinstance(out, (list, tuple)) else (out,)))
