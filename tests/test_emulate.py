@@ -115,12 +115,22 @@ def _send_recv(n, m):
     return clock.now(), x[-1].item()
 
 
+def _plain_all_reduce(n):
+    x = torch.ones(n // 4)
+    dist.all_reduce(x)
+    return x[0].item()
+
+
 def test_collectives_and_messages_on_four_ranks():
     n, m, p = 1 << 20, 1024, 4
     ring = 2 * (p - 1) * NV.alpha + 2 * (p - 1) / p * n / NV.beta
     for t, value in lecture_lib.run(_all_reduce, p, n, timeout=120):
         _close(t, ring)
         assert value == p
+    for out in emulate.run(_plain_all_reduce, p, n, preset="h100-node", timeout=120):
+        assert out.result == p
+        _close(out.clock.now(), ring)
+        assert out.clock.calls_by_kind == {"all_reduce": 1}
     matmul = _matmul_seconds(m, H100.device.fp32_flops)       # 32 us, longer than the ring
     assert matmul > ring
     for t_issue, t_end in lecture_lib.run(_async_overlap, p, n, m, timeout=120):
