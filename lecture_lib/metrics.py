@@ -7,7 +7,17 @@
   device at the edges of every span (``torch.cuda.synchronize``), which is
   the simple, correct choice for teaching (it removes overlap on purpose;
   measure overlap with :func:`wall_time` around the whole step instead).
+  Under the emulation (:mod:`lecture_lib.emulate`) the same timer reads the
+  rank's virtual *compute stream* instead, as CUDA events recorded on it
+  would: spans and totals are emulated seconds, and an asynchronous
+  all-reduce still overlaps (a ``comm`` span around ``work.wait()`` is the
+  communication left exposed). :func:`wall_time` synchronises both virtual
+  streams. ``timer.time_kind`` says which time ("real" or "emulated H100 + NVLink").
+* :func:`now` and :func:`time_kind`: the clock every measurement here reads.
 * :func:`tokens_per_second` and :func:`share`: the derived figures.
+* :func:`model_flops_per_token` and :func:`mfu`: model FLOPs utilisation,
+  6N per token plus attention (Chowdhery et al. 2022, "PaLM", appendix B;
+  Korthikanti et al. 2022).
 * :func:`saved_tensor_bytes`: bytes autograd keeps for the backward pass,
   counted with saved-tensor hooks (each storage once).
 * :func:`tensor_bytes` and :func:`state_bytes`: bytes of parameters, gradients
@@ -21,11 +31,30 @@ from contextlib import contextmanager
 
 import torch
 
+from .emulate.clock import current as _emulation
+
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for queued GPU work (no-op on the CPU)."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def now(device: torch.device | str | None = None, stream_only: bool = False) -> float:
+    """Seconds on this rank's clock, after synchronising: emulated under the emulation,
+    ``time.perf_counter()`` otherwise. Under the emulation ``stream_only=True`` reads
+    the compute stream without waiting for the communication stream (a CUDA event)."""
+    clock = _emulation()
+    if clock is not None:
+        return clock.now() if stream_only else clock.synchronize()
+    synchronize(device)
+    return time.perf_counter()
+
+
+def time_kind() -> str:
+    """``"real"``, or e.g. ``"emulated H100 + NVLink"`` while the emulation is on."""
+    clock = _emulation()
+    return "real" if clock is None else f"emulated {clock.label}"
 
 
 class Timer:
@@ -41,24 +70,29 @@ class Timer:
         self.device = device
         self.totals: dict[str, float] = defaultdict(float)
         self.spans: list[tuple[str, float, float]] = []
-        self.t0 = time.perf_counter()
+        self.reset()
+
+    def _t0(self) -> float:
+        return self.t0 if _emulation() is None else self.t0_emulated
 
     @contextmanager
     def __call__(self, phase: str):
-        synchronize(self.device)
-        start = time.perf_counter()
+        self.time_kind = time_kind()
+        start = now(self.device, stream_only=True)
         try:
             yield
         finally:
-            synchronize(self.device)
-            end = time.perf_counter()
+            end = now(self.device, stream_only=True)
             self.totals[phase] += end - start
-            self.spans.append((phase, start - self.t0, end - self.t0))
+            self.spans.append((phase, start - self._t0(), end - self._t0()))
 
     def reset(self) -> None:
         self.totals.clear()
         self.spans.clear()
+        clock = _emulation()
         self.t0 = time.perf_counter()
+        self.t0_emulated = clock.now() if clock is not None else 0.0
+        self.time_kind = time_kind()
 
     def share(self, phase: str) -> float:
         """Fraction of the timed total spent in ``phase``."""
@@ -75,23 +109,57 @@ def share(totals: dict[str, float], phase: str) -> float:
 
 @contextmanager
 def wall_time(device: torch.device | str | None = None):
-    """``with wall_time() as t: ...`` then ``t.seconds``; synchronises a GPU at both ends."""
+    """``with wall_time() as t: ...`` then ``t.seconds``; synchronises a GPU at both ends.
+
+    Under the emulation ``t.seconds`` is emulated time (``t.time_kind`` says so).
+    """
     class _Result:
         seconds = 0.0
+        time_kind = "real"
     result = _Result()
-    synchronize(device)
-    start = time.perf_counter()
+    result.time_kind = time_kind()
+    start = now(device)
     try:
         yield result
     finally:
-        synchronize(device)
-        result.seconds = time.perf_counter() - start
+        result.seconds = now(device) - start
 
 
 def tokens_per_second(tokens: int, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, not {seconds}")
     return tokens / seconds
+
+
+def model_flops_per_token(n_params: int, n_layers: int = 0, seq_len: int = 0,
+                          d_model: int = 0) -> float:
+    """Training FLOPs per token: ``6 N + 12 L T d`` (Chowdhery et al. 2022, appendix B).
+
+    ``6 N``: a multiply-add (2 FLOPs) per parameter forward, twice that backward;
+    ``12 L T d``: the attention scores and their weighted sum (``Q K^T`` and
+    ``A V``, ``2 T d`` FLOPs each per token and layer forward, times 3 with the
+    backward), which no parameter accounts for. ``N`` excludes the embedding
+    tables by convention (they do a lookup, not a matmul). Recomputation is
+    not counted: this is *model* FLOPs, not hardware FLOPs.
+    """
+    for name, value in (("n_params", n_params), ("n_layers", n_layers), ("seq_len", seq_len),
+                        ("d_model", d_model)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
+    return 6.0 * n_params + 12.0 * n_layers * seq_len * d_model
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,
+        devices: int = 1) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak.
+
+    ``tokens_per_s`` is the whole job's throughput, ``peak_flops`` one device's
+    dense peak (e.g. ``emulate.H100_SXM.bf16_flops``).
+    """
+    if not tokens_per_s >= 0 or not flops_per_token > 0 or not peak_flops > 0 or devices < 1:
+        raise ValueError("mfu needs tokens_per_s >= 0, flops_per_token > 0, peak_flops > 0 "
+                         "and devices >= 1")
+    return tokens_per_s * flops_per_token / (peak_flops * devices)
 
 
 @contextmanager

@@ -1,0 +1,134 @@
+"""Experiments on the emulated cluster: DDP's step time, its overlap, and what emulating costs.
+
+:func:`ddp_step` (a rank function) trains the course's GPT with one of the
+course's data-parallel wrappers under the emulation and splits each step's
+emulated time into forward, backward, communication and optimizer, with the
+timeline of the last step. :func:`measure_ddp` runs it on fresh ranks for
+several variants and bucket sizes. :func:`emulation_overhead` measures what
+the emulation costs in *real* time: the same steps with and without it,
+alternated on the same ranks.
+
+The step-time model the figures are read against (Li et al. 2020, "PyTorch
+Distributed", section 3.2.3; the bucketed all-reduce overlaps with the rest
+of backward, the last bucket cannot):
+
+    T_step ~= T_fwd + max(T_bwd, T_comm - T_last) + T_last + T_opt
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import data_parallel as DP
+from .. import launch
+from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
+from .clock import Clock
+from .session import emulated
+
+VARIANTS = {"flat": lambda m, mb: DP.DDPFlat(m), "individual": lambda m, mb:
+            DP.DDPIndividualParameters(m), "bucketed": lambda m, mb: DP.DDPBucketed(m, mb)}
+
+
+def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, not {variant!r}")
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, not {type(cfg).__name__}")
+    for name, value in (("batch_per_rank", batch_per_rank), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
+
+
+def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock | None):
+    """``steps`` data-parallel steps; under ``clock``, the emulated split of the last one."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    phase = clock.phase if clock is not None else (lambda kind: _Null())
+    split = {}
+    for step in range(steps):
+        x, y = shard(data.batch(step, batch_per_rank * world), rank, world)
+        if clock is not None:
+            start, totals, first_span = clock.synchronize(), dict(clock.totals), len(clock.spans)
+        wrapped.on_train_batch_start()
+        opt.zero_grad(set_to_none=True)
+        with phase("forward"):
+            loss = lm_loss(wrapped(x), y)
+        with phase("backward"):
+            loss.backward()
+            wrapped.finish_gradient_synchronization()
+        with phase("optimizer"):
+            opt.step()
+        if clock is not None:
+            end = clock.synchronize()
+            delta = {k: v - totals.get(k, 0.0) for k, v in clock.totals.items()}
+            spans = [(k, s - start, e - start, t) for k, s, e, t in clock.spans[first_span:]]
+            comm = [s for s in spans if s[0] == "comm"]
+            split = {"step": end - start, "forward": delta.get("forward", 0.0),
+                     "backward": delta.get("backward", 0.0), "comm": delta.get("comm", 0.0),
+                     "optimizer": delta.get("optimizer", 0.0),
+                     "last_bucket": comm[-1][2] - comm[-1][1] if comm else 0.0,
+                     "collectives": len(comm), "spans": spans}
+    return split
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
+             bucket_size_mb: float | None = None, preset="h100-node") -> dict:
+    """Rank function: ``steps`` emulated DDP steps; the split of the last (emulated seconds)."""
+    _check(variant, cfg, batch_per_rank, steps)
+    data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
+    with emulated(preset) as clock:
+        model = GPT(cfg, seed=0)
+        wrapped = VARIANTS[variant](model, bucket_size_mb)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        split = _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock)
+    n = sum(p.numel() for p in model.parameters())
+    return {**split, "variant": variant, "bucket_size_mb": bucket_size_mb, "params": n,
+            "grad_bytes": 4 * n, "tokens_per_rank": batch_per_rank * cfg.seq_len}
+
+
+def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_rank: int,
+                steps: int = 2, preset="h100-node", timeout: float = 300.0) -> list[dict]:
+    """Rank 0's :func:`ddp_step` for each ``{"variant": ..., "bucket_size_mb": ...}``."""
+    for c in configs:
+        _check(c["variant"], cfg, batch_per_rank, steps)
+    return [launch.run(ddp_step, world_size, c["variant"], cfg, batch_per_rank, steps,
+                       c.get("bucket_size_mb"), preset, timeout=timeout)[0] for c in configs]
+
+
+def _overhead_rank(variant, cfg, batch_per_rank, steps, bucket_size_mb, preset, repeats):
+    data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
+    model = GPT(cfg, seed=0)
+    wrapped = VARIANTS[variant](model, bucket_size_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train_steps(wrapped, model, opt, data, batch_per_rank, 1, None)       # warm-up
+    plain, emul = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        t = time.perf_counter()
+        _train_steps(wrapped, model, opt, data, batch_per_rank, steps, None)
+        plain.append(time.perf_counter() - t)
+        dist.barrier()
+        t = time.perf_counter()
+        with emulated(preset) as clock:
+            _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock)
+        emul.append(time.perf_counter() - t)
+    return {"plain_s": min(plain), "emulated_s": min(emul), "ratio": min(emul) / min(plain)}
+
+
+def emulation_overhead(variant: str, world_size: int, cfg: GPTConfig, batch_per_rank: int,
+                       steps: int = 3, bucket_size_mb: float | None = None,
+                       preset="h100-node", repeats: int = 3, timeout: float = 300.0) -> dict:
+    """Real seconds of ``steps`` DDP steps without and with the emulation (fastest of
+    ``repeats``, alternated), and their ratio; rank 0's figures."""
+    _check(variant, cfg, batch_per_rank, steps)
+    return launch.run(_overhead_rank, world_size, variant, cfg, batch_per_rank, steps,
+                      bucket_size_mb, preset, repeats, timeout=timeout)[0]
