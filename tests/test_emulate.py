@@ -19,7 +19,7 @@ from lecture_lib.expert_parallel import MoEConfig, train_moe
 from lecture_lib.hybrid import HybridConfig, train_on_rank
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
 from lecture_lib.pipeline import make_schedule, train_stage
-from lecture_lib.zero import FullyShardedModel
+from lecture_lib.zero import FullyShardedModel, fsdp_gather_full_params
 
 H100 = emulate.preset("h100-node")
 NV, IB = H100.intra, H100.inter
@@ -191,7 +191,7 @@ def _zero3():
         loss.backward()
         opt.step()
         out.append(loss.detach())
-    return out + list(model.full_parameters().values())
+    return out + list(fsdp_gather_full_params(model).values())
 
 
 def _pipeline():
@@ -364,14 +364,19 @@ def _zero3_bytes():
     x, y = shard(DATA.batch(0, 8), dist.get_rank(), dist.get_world_size())
     with emulate.emulated("h100-node") as clock:
         lm_loss(model(x), y).backward()
-    psi = 4 * sum(p.numel() for p in model.shard_parameters()) * dist.get_world_size()
-    return psi, clock.bytes_by_kind
+    replicated = set(model.replicated_names())
+    params = list(model.module.named_parameters())
+    psi = 4 * sum(p.numel() for n, p in params if n not in replicated) * dist.get_world_size()
+    kept = 4 * sum(p.numel() for n, p in params if n in replicated)
+    return psi, kept, clock.bytes_by_kind
 
 
 def test_zero3_moves_three_psi_measured_from_the_messages():
-    for psi, moved in lecture_lib.run(_zero3_bytes, 2, timeout=120):
-        # all-gather before forward and again before backward, reduce-scatter after it
-        assert moved == {"all_gather": 2 * psi, "reduce_scatter": psi}
+    for psi, kept, moved in lecture_lib.run(_zero3_bytes, 2, timeout=120):
+        # the sharded units (Psi, padded to the ranks): all-gather before forward and again
+        # before backward, reduce-scatter after it; parameters outside every unit (the final
+        # norm) stay replicated and are all-reduced
+        assert moved == {"all_gather": 2 * psi, "reduce_scatter": psi, "all_reduce": kept}
 
 
 def test_a_copy_reads_its_source_and_writes_its_destination():
