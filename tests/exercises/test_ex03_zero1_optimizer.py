@@ -2,7 +2,6 @@
 the grader points LECTURE_EXERCISE_PATH at a student's file."""
 import torch
 
-import lecture_lib
 from lecture_lib.grading import load_exercise
 from lecture_lib.models import ToyMLP, regression_batch
 
@@ -37,13 +36,13 @@ def _against_adamw(steps):
 
 
 def test_steps_equal_adamw_on_every_rank():
-    for rank, r in enumerate(lecture_lib.run(_against_adamw, 2, 4, timeout=60)):
+    for rank, r in enumerate(ex.run(_against_adamw, 2, 4, timeout=60)):
         assert r["equal"] == [True] * 4, f"rank {rank}: steps equal to AdamW: {r['equal']}"
 
 
 def test_param_groups_list_everything_and_state_is_sharded():
     world = 2
-    results = lecture_lib.run(_against_adamw, world, 3, timeout=60)
+    results = ex.run(_against_adamw, world, 3, timeout=60)
     n = len(list(ToyMLP(SIZES).parameters())) + 1
     for rank, r in enumerate(results):
         assert r["listed"] == n, f"rank {rank}: param_groups list {r['listed']} of {n}"
@@ -54,6 +53,6 @@ def test_param_groups_list_everything_and_state_is_sharded():
 
 
 def test_works_at_world_size_4():
-    for rank, r in enumerate(lecture_lib.run(_against_adamw, 4, 3, timeout=60)):
+    for rank, r in enumerate(ex.run(_against_adamw, 4, 3, timeout=60)):
         assert r["equal"] == [True] * 3, f"rank {rank}: {r['equal']}"
         assert r["with_state"] <= 2, f"rank {rank} keeps state for {r['with_state']} parameters"
