@@ -41,7 +41,8 @@ __all__ = ["load_exercise", "Exercise", "Limits", "LimitExceeded", "SandboxDied"
 #: Exception types a submission's exception comes back as (else SubmissionError).
 _TYPES = {c.__name__: c for c in (
     NotImplementedError, ValueError, TypeError, IndexError, KeyError, LookupError,
-    ZeroDivisionError, ArithmeticError, AttributeError, AssertionError, RuntimeError)}
+    ZeroDivisionError, ArithmeticError, AttributeError, AssertionError, RuntimeError,
+    PermissionError, FileNotFoundError, OSError)}
 _OPEN: dict[tuple, "Exercise"] = {}
 
 

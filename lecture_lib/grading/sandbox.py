@@ -120,7 +120,7 @@ def separate_user_possible(python: str) -> bool:
     """True when we are root and every user can run ``python`` with torch and this pack."""
     if os.geteuid() != 0 or os.environ.get("LECTURE_SANDBOX_USER", "auto") == "off":
         return False
-    paths = [Path(python).resolve(), Path(os.__file__).resolve(), Path(torch.__file__).resolve(),
+    paths = [Path(python).resolve(), Path(torch.__file__).resolve(),
              Path(__file__).resolve()]
     for path in paths:
         for part in [path, *path.parents]:
