@@ -15,10 +15,12 @@ result; the process that decides pass or fail never imports, unpickles or runs
 anything the submission produced.
 """
 from .cli import check, main
-from .harness import Exercise, ForbiddenValue, LimitExceeded, Limits, SandboxDied, load_exercise
+from .harness import Exercise, assert_close_per_rank, load_exercise
 from .report import gradescope, table, write_gradescope, write_json
 from .runner import DEFAULT_POINTS, TESTS, Result, grade, grade_file
+from .safe_load import ForbiddenValue
+from .sandbox import LimitExceeded, Limits, SandboxDied
 
 __all__ = ["load_exercise", "check", "grade", "grade_file", "main", "table", "gradescope",
            "write_json", "write_gradescope", "Result", "Exercise", "Limits", "LimitExceeded",
-           "SandboxDied", "ForbiddenValue", "TESTS", "DEFAULT_POINTS"]
+           "SandboxDied", "ForbiddenValue", "assert_close_per_rank", "TESTS", "DEFAULT_POINTS"]

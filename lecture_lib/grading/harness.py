@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import cloudpickle
+import torch
 
 from .. import launch
 from ..exercises import EXERCISES, ROOT, SOLUTIONS, exercise_id
@@ -36,7 +37,7 @@ from .safe_load import ForbiddenValue
 from .sandbox import LimitExceeded, Limits, Sandbox, SandboxDied, close_all
 
 __all__ = ["load_exercise", "Exercise", "Limits", "LimitExceeded", "SandboxDied",
-           "ForbiddenValue", "close_all"]
+           "ForbiddenValue", "close_all", "assert_close_per_rank"]
 
 #: Exception types a submission's exception comes back as (else SubmissionError).
 _TYPES = {c.__name__: c for c in (
@@ -104,9 +105,13 @@ class Exercise:
         self._sandbox = Sandbox(name, self.path, limits)
 
     def __getattr__(self, attr: str):
-        if attr.startswith("__"):
+        if attr.startswith("_"):              # pytest and pickle probe private names
             raise AttributeError(attr)
         return _Remote(self, attr)
+
+    def attr(self, name: str):
+        """The student's ``name`` when it is one of ours (``run``, ``call``, ``close``...)."""
+        return _Remote(self, name)
 
     def __reduce__(self):                 # sent into the child: the real module there
         return (load_exercise, (self.name,))
@@ -155,8 +160,14 @@ class Exercise:
             exc.stacks = dict(data.get("stacks") or {})
             return exc
         cls = next((_TYPES[t] for t in types if t in _TYPES), SubmissionError)
-        exc = cls(text if cls is not SubmissionError else f"{types[0]}: {text}")
-        exc.add_note(f"--- raised in the submission ({self.name}) ---\n{tb.rstrip()}")
+        note = f"--- raised in the submission ({self.name}) ---\n{tb.rstrip()}"
+        if cls is SubmissionError:
+            text = f"{types[0] if types else 'Exception'}: {text}"
+        if hasattr(BaseException, "add_note"):          # Python 3.11+
+            exc = cls(text)
+            exc.add_note(note)
+        else:
+            exc = cls(f"{text}\n{note}")
         return exc
 
 
@@ -203,6 +214,23 @@ def _dumps(request) -> bytes:
     return cloudpickle.dumps(request)
 
 
-def close_exercises() -> None:
-    """Close every exercise's sandbox (the plugin calls this after each test module)."""
-    close_all()
+def assert_close_per_rank(got: list, expected, what: str = "the result", **tolerance) -> None:
+    """Every rank's ``got[rank]`` equals ``expected`` (one value, or a list by rank), within
+    ``torch.testing.assert_close``'s tolerance; else one message naming, for each rank that
+    differs, what was expected and what came back."""
+    wanted = expected if isinstance(expected, list) else [expected] * len(got)
+    wrong = []
+    for rank, (g, e) in enumerate(zip(got, wanted)):
+        try:
+            torch.testing.assert_close(g, e, **tolerance)
+        except (AssertionError, TypeError) as exc:
+            detail = str(exc).strip().splitlines()[0][:200]
+            wrong.append(f"rank {rank}: expected {_short(e)}, got {_short(g)} ({detail})")
+    if wrong:
+        raise AssertionError(f"{what} is wrong on {len(wrong)} of {len(got)} ranks:\n"
+                             + "\n".join(wrong))
+
+
+def _short(value) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -33,8 +33,11 @@ def gradescope(results: list, visibility: str = "visible") -> dict:
     tests = []
     for r in results:
         lines = [f"{r.passed}/{r.total} tests passed"]
-        lines += [f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}"
-                  + (f": {t['message']}" if t["message"] else "") for t in r.tests]
+        for t in r.tests:
+            lines.append(f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}"
+                         + (f": {t['message']}" if t["message"] else ""))
+            if t.get("detail") and "\n" in t["detail"]:      # a deadlock's stacks, per rank
+                lines += ["      " + ln for ln in t["detail"].splitlines()[:40]]
         if r.first_failure and not r.tests:
             lines.append(r.first_failure)
         tests.append({"name": f"{r.exercise} ({Path(r.file).name})", "score": r.points,

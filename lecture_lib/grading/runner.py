@@ -40,7 +40,7 @@ class Result:
     points: float
     max_points: int
     first_failure: str
-    tests: list = field(default_factory=list)      # [{"name", "passed", "message"}] per test
+    tests: list = field(default_factory=list)   # per test: name, passed, message, detail
 
 
 def _test_files(ex: str, extra: Path | None) -> list[Path]:
@@ -113,7 +113,9 @@ def _from_junit(ex: str, student_file: Path, xml: Path, points: int) -> Result:
                                                      + (bad.text or ""))
         if case.find("skipped") is not None:
             message = "skipped"
-        cases.append({"name": case.get("name"), "passed": ok, "message": message})
+        detail = "" if bad is None else (bad.get("message", "") or "")[:2000]
+        cases.append({"name": case.get("name"), "passed": ok, "message": message,
+                      "detail": detail})
         if bad is not None and not first:
             first = f"{case.get('name')}: {message}"
     if total == 0:

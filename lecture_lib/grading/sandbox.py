@@ -50,7 +50,8 @@ _START_TIMEOUT = 180.0
 
 @dataclass(frozen=True)
 class Limits:
-    """Per exercise. Defaults measured with margin: an idle torch process maps ~0.65 GiB."""
+    """Per exercise. Defaults measured with margin: the sandboxed child peaks at 0.72 GiB of
+    address space, a rank of ex02 or ex07's worked solution at 0.94-1.0 GiB, with 5 threads."""
     memory_gib: float = 4.0       # address space of each process (the child, each rank)
     cpu_s: int = 600              # CPU seconds of each process
     file_mib: int = 64            # the largest file a process may write
@@ -178,7 +179,8 @@ class Sandbox:
                     LECTURE_SANDBOX_FILE=str(copy), LECTURE_SANDBOX_FD=str(fd),
                     LECTURE_SANDBOX_LIMITS=_json(limits), PYTHONPATH=os.pathsep.join(path),
                     PYTHONDONTWRITEBYTECODE="1", HOME=str(self.dir), TMPDIR=str(self.dir),
-                    USER="sandbox", LOGNAME="sandbox", OMP_NUM_THREADS="1")
+                    USER="sandbox", LOGNAME="sandbox", OMP_NUM_THREADS="1",
+                    CUDA_VISIBLE_DEVICES="")    # gloo on CPU: CUDA maps more than RLIMIT_AS allows
 
     # -- one call ---------------------------------------------------------------
 
