@@ -9,7 +9,7 @@ from .sandbox import close_all
 
 
 def pytest_runtest_teardown(item, nextitem):
-    if nextitem is None or nextitem.module is not item.module:
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
         close_all()
 
 

@@ -166,7 +166,7 @@ class Sandbox:
         self.sock, self.started = ours, procs.start_time(self.proc.pid)
         self.tail = _Tail(self.proc.stdout, self.limits.output_kib * 1024)
         _LIVE[self.key] = self
-        self._reply(time.monotonic() + _START_TIMEOUT, "starting")
+        self._reply(time.monotonic() + _START_TIMEOUT, f"the start-up time of {_START_TIMEOUT:g} s")
 
     def _environment(self, copy: Path, fd: int) -> dict:
         limits = self.limits.rlimits()
