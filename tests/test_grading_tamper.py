@@ -60,8 +60,8 @@ def test_tampering_scores_zero_and_the_grader_goes_on(route, tmp_path):
     ex00, ex04 = rows["ex00"], rows["ex04"]
     print(f"{route}: ex00 {ex00['points']:g}/10 ({ex00['first_failure']}); "
           f"ex04 {ex04['points']:g}/10")                       # shown by pytest -rP
-    assert ex00["points"] == 0 and ex00["passed"] == 0 and ex00["total"] > 0, ex00
-    assert ex00["first_failure"], ex00
+    # (total is 0 when the tests' process itself was killed: kill_parent_group, same user)
+    assert ex00["points"] == 0 and ex00["passed"] == 0 and ex00["first_failure"], ex00
     if route in FIRST_FAILURE:
         assert FIRST_FAILURE[route] in ex00["first_failure"], ex00
     assert ex04["points"] == ex04["max_points"] == 10, ex04
@@ -73,7 +73,7 @@ def test_gradescope_results_json(tmp_path):
     folder = tmp_path / "student"
     folder.mkdir()
     shutil.copy(exercises.SOLUTIONS / "ex04_memory_per_device.py", folder)
-    (folder / "ex06_one_f_one_b.py").write_text("def one_f_one_b(p, m):\n    return []\n")
+    (folder / "ex06_one_f_one_b.py").write_text("def one_f_one_b(p, m):\n    raise ValueError\n")
     results = tmp_path / "results" / "results.json"
     proc, _ = _grade(folder, "--gradescope", str(results))
     assert proc.returncode == 0
