@@ -227,7 +227,7 @@ def assert_close_per_rank(got: list, expected, what: str = "the result", **toler
             detail = str(exc).strip().splitlines()[0][:200]
             wrong.append(f"rank {rank}: expected {_short(e)}, got {_short(g)} ({detail})")
     if wrong:
-        raise AssertionError(f"{what} is wrong on {len(wrong)} of {len(got)} ranks:\n"
+        raise AssertionError(f"{what} is wrong on {len(wrong)} of {len(got)} ranks: "
                              + "\n".join(wrong))
 
 
