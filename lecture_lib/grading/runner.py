@@ -93,7 +93,8 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
         proc.stdout.close()
         if code is None:
             return Result(ex, str(student_file), 0, 0, 0.0, points,
-                          f"{ex}: exceeded the wall-time limit of {timeout:g} s (a hang?)")
+                          f"{ex}: timed out: exceeded the wall-time limit of {timeout:g} s "
+                          "(a hang?)")
         if code not in (0, 1) or not xml.exists():
             why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             return Result(ex, str(student_file), 0, 0, 0.0, points,
