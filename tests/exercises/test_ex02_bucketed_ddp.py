@@ -5,8 +5,16 @@ import torch
 import torch.distributed as dist
 
 from lecture_lib.grading import load_exercise
-from lecture_lib.models import (GPTConfig, GPT, MarkovText, TrainResult, assert_same_training,
-                                make_optimizer, shard, train_reference)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    make_optimizer,
+    shard,
+    train_reference,
+)
 
 ex = load_exercise("ex02")
 POINTS = 10

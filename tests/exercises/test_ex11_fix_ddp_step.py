@@ -7,8 +7,16 @@ import torch.distributed as dist
 
 from lecture_lib.debugging import check_gradient_consistency
 from lecture_lib.grading import load_exercise
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, TrainResult, assert_same_training,
-                                make_optimizer, shard, train_reference)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    make_optimizer,
+    shard,
+    train_reference,
+)
 
 ex = load_exercise("ex11")
 POINTS = 10
