@@ -4,10 +4,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import lecture_lib
 from lecture_lib.grading import load_exercise
-from lecture_lib.models import (GPTConfig, GPT, MarkovText, TrainResult, assert_same_training,
-                                make_optimizer, shard, train_reference)
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    TrainResult,
+    assert_same_training,
+    make_optimizer,
+    shard,
+    train_reference,
+)
 
 ex = load_exercise("ex02")
 POINTS = 10
@@ -58,7 +65,7 @@ def _reference():
 @pytest.mark.parametrize("world_size,bucket_size_mb", [(2, 0.02), (4, 0.02), (2, 1000.0)])
 def test_trains_equal_to_one_process(world_size, bucket_size_mb):
     expected = _reference()
-    for rank, res in enumerate(lecture_lib.run(_train_on_rank, world_size, bucket_size_mb,
+    for rank, res in enumerate(ex.run(_train_on_rank, world_size, bucket_size_mb,
                                                timeout=120)):
         try:
             assert_same_training(res["result"], expected, rtol=1e-5)
@@ -68,7 +75,7 @@ def test_trains_equal_to_one_process(world_size, bucket_size_mb):
 
 def test_buckets_are_launched_async_during_backward():
     model_bytes = sum(p.numel() * 4 for p in GPT(CFG).parameters())
-    res = lecture_lib.run(_train_on_rank, 2, 0.02, timeout=120)[0]
+    res = ex.run(_train_on_rank, 2, 0.02, timeout=120)[0]
     assert res["buckets"] >= model_bytes / (0.02 * 2**20) - 1, "too few buckets for the size"
     assert res["buckets"] > 1
     for step, calls in enumerate(res["launched"]):
@@ -79,7 +86,7 @@ def test_buckets_are_launched_async_during_backward():
 
 
 def test_one_bucket_when_it_is_large():
-    res = lecture_lib.run(_train_on_rank, 2, 1000.0, timeout=120)[0]
+    res = ex.run(_train_on_rank, 2, 1000.0, timeout=120)[0]
     assert res["buckets"] == 1 and all(len(c) == 1 for c in res["launched"])
 
 

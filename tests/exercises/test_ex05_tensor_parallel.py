@@ -96,12 +96,12 @@ def _check(results, what):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_column_parallel_forward_gives_this_ranks_columns(world_size):
-    _check(lecture_lib.run(_column_on_rank, world_size, timeout=60), "y")
+    _check(ex.run(_column_on_rank, world_size, timeout=60), "y")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_column_parallel_backward_all_reduces_the_input_gradient(world_size):
-    results = lecture_lib.run(_column_on_rank, world_size, timeout=60)
+    results = ex.run(_column_on_rank, world_size, timeout=60)
     for what in ("x grad", "w grad", "b grad"):
         _check(results, what)
     assert all(r["calls"] == (0, 1) for r in results), \
@@ -110,12 +110,12 @@ def test_column_parallel_backward_all_reduces_the_input_gradient(world_size):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_row_parallel_forward_sums_the_partial_products(world_size):
-    _check(lecture_lib.run(_row_on_rank, world_size, timeout=60), "y")
+    _check(ex.run(_row_on_rank, world_size, timeout=60), "y")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_row_parallel_backward_is_local(world_size):
-    results = lecture_lib.run(_row_on_rank, world_size, timeout=60)
+    results = ex.run(_row_on_rank, world_size, timeout=60)
     for what in ("x grad", "w grad", "b grad"):
         _check(results, what)
     assert all(r["calls"] == (1, 0) for r in results), \
@@ -123,7 +123,7 @@ def test_row_parallel_backward_is_local(world_size):
 
 
 def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way():
-    results = lecture_lib.run(_mlp_on_rank, 2, timeout=60)
+    results = ex.run(_mlp_on_rank, 2, timeout=60)
     _check(results, "y")
     _check(results, "x grad")
     assert all(r["calls"] == (1, 1) for r in results), [r["calls"] for r in results]
@@ -134,4 +134,4 @@ def test_uneven_split_is_refused():
         ex.ColumnParallelLinear(seeded_linear(4, 8))          # an even split builds
         return ex.ColumnParallelLinear(seeded_linear(4, 6))
     with pytest.raises(lecture_lib.RankError, match="not divisible"):
-        lecture_lib.run(build, 4, timeout=60)
+        ex.run(build, 4, timeout=60)

@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import lecture_lib
 from lecture_lib import pipeline as pp
 from lecture_lib.grading import load_exercise
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss
@@ -29,7 +28,7 @@ def _both_directions():
 
 
 def test_send_and_receive_in_one_batch():
-    results = lecture_lib.run(_both_directions, 2, timeout=60)
+    results = ex.run(_both_directions, 2, timeout=60)
     for rank, (received, n, empty) in enumerate(results):
         torch.testing.assert_close(received, torch.full((3, 4), float(2 - rank)))
         assert n == 1, "return the requests of the sends (one per send)"
@@ -53,7 +52,7 @@ def _chain():
 
 
 def test_middle_stage_talks_to_both_neighbours():
-    results = lecture_lib.run(_chain, 3, timeout=60)
+    results = ex.run(_chain, 3, timeout=60)
     torch.testing.assert_close(results[1][0], torch.full((2,), 20.0))
     torch.testing.assert_close(results[1][1], torch.full((2,), 12.0))
     torch.testing.assert_close(results[0][1], torch.full((2,), 11.0))
@@ -71,7 +70,7 @@ def test_pipeline_training_equals_one_process(p):
     loss = lm_loss(model(x), y)
     loss.backward()
     schedules = [pp.make_schedule("1f1b", p, 4), pp.make_schedule("interleaved-1f1b", p, 4, 2)]
-    per_rank = lecture_lib.run(_train_with_student_exchange, p, schedules, timeout=120)
+    per_rank = ex.run(_train_with_student_exchange, p, schedules, timeout=120)
     for i, s in enumerate(schedules):
         run = pp.merge(s, [r[i] for r in per_rank])
         assert run.losses[0] == pytest.approx(loss.item(), rel=1e-5), s.name

@@ -45,7 +45,7 @@ def _results(world_size):
     """One run per world size serves every test; a failure is raised again, not rerun."""
     if world_size not in _RESULTS:
         try:
-            _RESULTS[world_size] = lecture_lib.run(_on_rank, world_size, timeout=60)
+            _RESULTS[world_size] = ex.run(_on_rank, world_size, timeout=60)
         except lecture_lib.RankError as exc:
             _RESULTS[world_size] = exc
     if isinstance(_RESULTS[world_size], Exception):

@@ -1,0 +1,53 @@
+"""The grade, in the formats instructors use: a table, JSON, and Gradescope's results.json.
+
+Gradescope's autograder reads ``/autograder/results/results.json``: the total
+``score``, and a list of ``tests``, each with ``name``, ``score``,
+``max_score``, ``output`` and ``visibility``
+(https://gradescope-autograders.readthedocs.io/en/latest/specs/). Each
+exercise is one Gradescope test; its output lists every pytest test it ran.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+
+def table(results: list) -> str:
+    rows = [("exercise", "tests passed", "points", "first failure")]
+    rows += [(r.exercise, f"{r.passed}/{r.total}", f"{r.points:g}/{r.max_points}",
+              r.first_failure or "-") for r in results]
+    got, best = sum(r.points for r in results), sum(r.max_points for r in results)
+    rows.append(("total", "", f"{got:g}/{best}", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
+                     for row in rows)
+
+
+def write_json(results: list, path: str | Path) -> None:
+    Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2))
+
+
+def gradescope(results: list, visibility: str = "visible") -> dict:
+    """Gradescope's results.json for ``results`` (one Gradescope test per exercise)."""
+    tests = []
+    for r in results:
+        lines = [f"{r.passed}/{r.total} tests passed"]
+        for t in r.tests:
+            lines.append(f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}"
+                         + (f": {t['message']}" if t["message"] else ""))
+            if t.get("detail") and "\n" in t["detail"]:      # a deadlock's stacks, per rank
+                lines += ["      " + ln for ln in t["detail"].splitlines()[:40]]
+        if r.first_failure and not r.tests:
+            lines.append(r.first_failure)
+        tests.append({"name": f"{r.exercise} ({Path(r.file).name})", "score": r.points,
+                      "max_score": r.max_points, "output": "\n".join(lines),
+                      "visibility": visibility})
+    return {"score": round(sum(r.points for r in results), 2),
+            "max_score": sum(r.max_points for r in results),
+            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+
+
+def write_gradescope(results: list, path: str | Path, visibility: str = "visible") -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(gradescope(results, visibility), indent=2))

@@ -1,0 +1,85 @@
+"""The grader's trust boundary: submissions that tamper instead of computing score 0 on that
+exercise only, the grader keeps running and scores the others, and nothing they started
+survives. Each route is run through the real command, ``python -m lecture_lib.grade``, on
+a folder with the tampering ex00 and the worked ex04 (cheap, and must keep its 10/10)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tamper_routes import ROUTES
+
+from lecture_lib import exercises
+
+ROOT = exercises.ROOT
+# What the first failure must say, per route (others: any failure line). The payload of
+# unpickle_runs_code runs where the ranks' results are unpickled: in the sandbox, harmlessly.
+FIRST_FAILURE = {
+    "raw_pickle": "refuses to decode",
+    "exhaust_memory": "ex00: exceeded 4 GiB of memory",
+}
+
+
+def _grade(folder: Path, *extra: str, timeout: float = 420):
+    out = folder.parent / "grades.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "lecture_lib.grade", str(folder), "--json",
+                           str(out), "--timeout", "240", *extra], cwd=folder.parent, env=env,
+                          capture_output=True, timeout=timeout, start_new_session=True)
+    rows = json.loads(out.read_text()) if out.exists() else None
+    return proc, {r["exercise"]: r for r in rows or []}
+
+
+def _alive(pidfile: Path) -> bool:
+    if not pidfile.exists():
+        return False
+    pid = int(pidfile.read_text())
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_tampering_scores_zero_and_the_grader_goes_on(route, tmp_path):
+    folder = tmp_path / "student"
+    folder.mkdir()
+    pidfile = tmp_path / "started.pid"
+    (folder / "ex00_ring_sum.py").write_text(ROUTES[route].format(pidfile=pidfile))
+    shutil.copy(exercises.SOLUTIONS / "ex04_memory_per_device.py", folder)
+    proc, rows = _grade(folder)
+    time.sleep(1.0)                          # a survivor would still be rewriting the report
+    rows_after = {r["exercise"]: r for r in json.loads((tmp_path / "grades.json").read_text())}
+    assert proc.returncode == 0, proc.stdout.decode(errors="replace")[-3000:]
+    assert rows_after == rows, "the report changed after the grader wrote it"
+    ex00, ex04 = rows["ex00"], rows["ex04"]
+    print(f"{route}: ex00 {ex00['points']:g}/10 ({ex00['first_failure']}); "
+          f"ex04 {ex04['points']:g}/10")                       # shown by pytest -rP
+    # (total is 0 when the tests' process itself was killed: kill_parent_group, same user)
+    assert ex00["points"] == 0 and ex00["passed"] == 0 and ex00["first_failure"], ex00
+    if route in FIRST_FAILURE:
+        assert FIRST_FAILURE[route] in ex00["first_failure"], ex00
+    assert ex04["points"] == ex04["max_points"] == 10, ex04
+    assert not _alive(pidfile), f"{route}: a process the submission started survived"
+    assert len(proc.stdout) < 2**20, "the submission's output reached the grader unbounded"
+
+
+def test_gradescope_results_json(tmp_path):
+    folder = tmp_path / "student"
+    folder.mkdir()
+    shutil.copy(exercises.SOLUTIONS / "ex04_memory_per_device.py", folder)
+    (folder / "ex06_one_f_one_b.py").write_text("def one_f_one_b(p, m):\n    raise ValueError\n")
+    results = tmp_path / "results" / "results.json"
+    proc, _ = _grade(folder, "--gradescope", str(results))
+    assert proc.returncode == 0
+    doc = json.loads(results.read_text())
+    assert doc["max_score"] == 20 and doc["score"] == 10
+    by_name = {t["name"].split()[0]: t for t in doc["tests"]}
+    assert by_name["ex04"]["score"] == by_name["ex04"]["max_score"] == 10
+    assert by_name["ex06"]["score"] == 0 and "FAIL" in by_name["ex06"]["output"]
+    assert all(t["visibility"] == "visible" and "output" in t for t in doc["tests"])
