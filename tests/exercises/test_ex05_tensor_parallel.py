@@ -91,7 +91,7 @@ def _check(results, what):
         got, expected = res[what]
         assert got is not None, f"rank {rank}: no {what} (did the gradient reach it?)"
         torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL,
-                                   msg=lambda m: f"rank {rank} {what}: {m}")
+                                   msg=lambda m, rank=rank, what=what: f"rank {rank} {what}: {m}")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

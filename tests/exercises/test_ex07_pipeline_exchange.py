@@ -76,4 +76,4 @@ def test_pipeline_training_equals_one_process(p):
         assert run.losses[0] == pytest.approx(loss.item(), rel=1e-5), s.name
         for name, param in model.named_parameters():
             torch.testing.assert_close(run.grads[name], param.grad, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{s.name}: {name}: {m}")
+                                       msg=lambda m, s=s, name=name: f"{s.name}: {name}: {m}")

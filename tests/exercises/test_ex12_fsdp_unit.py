@@ -1,5 +1,6 @@
 """ex12: one FSDP unit with a compute dtype. Run against solutions/ by default;
-the grader points LECTURE_EXERCISE_PATH at a student's file.
+the grader points LECTURE_EXERCISE_PATH at a student's file. The ranks run in the
+exercise's sandbox (``ex.run``) and return data; every verdict is reached here.
 
 Tolerances: fp32 training equal to one process within rtol 1e-5, atol 1e-6 (SGD, so updates
 are proportional to gradients). bf16: the shards' gradients within 3% (relative, norm) of a
@@ -10,10 +11,15 @@ to 2^-8 = 0.4%.
 import torch
 import torch.distributed as dist
 
-import lecture_lib
 from lecture_lib.comm import record_comm
 from lecture_lib.grading import load_exercise
-from lecture_lib.models import ToyMLP, assert_same_training, regression_batch, train_reference
+from lecture_lib.models import (
+    ToyMLP,
+    TrainResult,
+    assert_same_training,
+    regression_batch,
+    train_reference,
+)
 
 ex = load_exercise("ex12")
 POINTS = 10
@@ -56,7 +62,7 @@ def _train(dtype, steps):
         losses.append(total.item() / n)
     names = [name for name, _ in ToyMLP(SIZES).named_parameters()]
     params = dict(zip(names, (p for u in units for p in _full(u))))
-    return {"result": lecture_lib.models.TrainResult(losses, params), "seen": seen,
+    return {"result": TrainResult(losses, params), "seen": seen,
             "shards": [(tuple(p.shape), p.dtype, p.grad.dtype) for p in model.parameters()],
             "held": [f.numel() for u in units for f in u.full],
             "gathered": log.buffer_bytes(kind="all_gather"),
@@ -70,7 +76,7 @@ def _both(steps):
 
 def test_fp32_trains_like_one_process_and_frees_what_it_gathers():
     ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
-    for rank, r in enumerate(lecture_lib.run(_both, 2, STEPS, timeout=60)):
+    for rank, r in enumerate(ex.run(_both, 2, STEPS, timeout=60)):
         got = r["fp32"]
         assert_same_training(got["result"], ref, rtol=1e-5, atol=1e-6)
         assert got["held"] == [0] * 4, f"rank {rank}: full weights left after backward"
@@ -88,7 +94,7 @@ def _cast_reference_grads():
 
 def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
     ref = _cast_reference_grads()
-    results = lecture_lib.run(_both, 2, 1, timeout=60)
+    results = ex.run(_both, 2, 1, timeout=60)
     for rank, r in enumerate(results):
         fp32, bf16 = r["fp32"], r["bf16"]
         assert bf16["seen"][0] == (torch.bfloat16, (7, 5)), f"rank {rank}: {bf16['seen']}"
@@ -103,5 +109,5 @@ def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
 
 def test_works_at_world_size_4():
     ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
-    for r in lecture_lib.run(_both, 4, STEPS, timeout=60):
+    for r in ex.run(_both, 4, STEPS, timeout=60):
         assert_same_training(r["fp32"]["result"], ref, rtol=1e-5, atol=1e-6)
