@@ -177,9 +177,27 @@ class WorkerPool:
                     raise RankError(rank, "returned a value that cannot be sent back to the "
                                           "caller (it must be picklable)", value)
                 else:
+                    dead = self._dead_rank()     # a peer's death makes the others raise
+                    if dead is not None:
+                        raise RankError(dead[0], f"worker process died (exit code {dead[1]})")
                     last = value.strip().splitlines()[-1] if value.strip() else "an exception"
                     raise RankError(rank, f"raised {last}", value)
         return [results[r] for r in range(self.world_size)]
+
+    def _dead_rank(self, grace: float = 0.25) -> tuple[int, int] | None:
+        """``(rank, exit code)`` of a worker that has exited (within ``grace`` seconds), or None.
+
+        A rank whose peer died raises "connection closed by peer", sometimes before the
+        caller has seen the death: the death is the cause to report.
+        """
+        deadline = time.monotonic() + grace
+        while True:
+            for rank, proc in enumerate(self.procs):
+                if proc.poll() is not None:
+                    return rank, proc.returncode
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
 
     def _dump_stacks(self, stuck: set[int]) -> dict[int, str]:
         for rank in stuck:
