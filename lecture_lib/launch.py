@@ -27,12 +27,12 @@ does not give):
   default process group (rendezvous through a TCPStore that the caller hosts
   on a free port) is made on a pool's first call and kept for the next ones.
   Every call starts from the same state: only that group exists (the groups a
-  call creates are destroyed after it), and the default dtype, grad mode and
-  ``torch.distributed``'s functions are restored. A call must receive every
-  message it sends (as any correct rank function does): one left unreceived
-  would be there for the next call. Other global state a function changes (a
-  monkeypatched module, a seed) persists in the worker, so a rank function
-  should leave the process as it found it.
+  call creates are destroyed after it; after a call in which any rank sent or
+  received point to point, where a message could be left unreceived, the
+  default group too), and the default dtype, grad mode and
+  ``torch.distributed``'s functions are restored. Other global state a
+  function changes (a monkeypatched module, a seed) persists in the worker,
+  so a rank function should leave the process as it found it.
 * What a rank prints is written to a per-rank log and printed by the caller
   with a ``[rank r]`` prefix (workers' output does not reach a notebook).
 * A rank that raises ends the call at once with :class:`RankError` (its
