@@ -1,9 +1,20 @@
-"""One rank of a :mod:`lecture_lib.launch` pool (started as ``python -m lecture_lib._worker``).
+"""One rank of a :mod:`lecture_lib.pool` (started as ``python -m lecture_lib._worker``).
 
-It imports torch once, then serves calls: for each, it joins a fresh process
-group, runs the function, sends back ``("ok", result)`` or
-``("error", traceback)``, and leaves the group. It dies with its parent: a
-thread watches stdin, which the parent holds open.
+It imports torch once, then serves calls: for each, it runs the function in
+the pool's process group, sends back ``("ok", result)`` or
+``("error", traceback)``, and leaves the process as the next call expects
+it. Destroying a gloo group waits tens of milliseconds (its transport's
+event loop ticks every 10 ms, and closing each connection waits for a
+tick), more than the rest of a warm call, so the default group is kept from
+one call to the next unless the call could have left something in it:
+
+* a call that sent or received point to point (a message left unreceived
+  would reach the next call) gets a fresh default group afterwards, as does
+  one that needs a longer timeout than the group has;
+* the process groups a call created are destroyed after it;
+* the default dtype, grad mode and ``torch.distributed``'s functions are restored.
+
+The worker dies with its parent: a thread watches stdin, which the parent holds open.
 """
 import datetime
 import faulthandler
@@ -12,11 +23,15 @@ import signal
 import sys
 import threading
 import traceback
+from multiprocessing.connection import Connection
 
 import cloudpickle
 import torch
 import torch.distributed as dist
-from multiprocessing.connection import Connection
+from torch.distributed import distributed_c10d
+
+# The kept default group's timeout (s), and whether this call sent or received point to point.
+_GROUP = {"timeout": 0.0, "point_to_point": False}
 
 
 def _die_with_parent() -> None:
@@ -37,6 +52,55 @@ def _to_cpu(value):
     return value
 
 
+def _watch_point_to_point() -> None:
+    """Flag every send and receive: ``dist.send``, ``isend``, ``batch_isend_irecv``, ... all
+    end in these three methods of the process group (on a subgroup too)."""
+    def flagging(original):
+        def flagged(self, *args, **kwargs):
+            _GROUP["point_to_point"] = True
+            return original(self, *args, **kwargs)
+        return flagged
+    for name in ("send", "recv", "recv_anysource"):
+        setattr(dist.ProcessGroup, name, flagging(getattr(dist.ProcessGroup, name)))
+
+
+def _join_group(store, call_id, rank, world_size, backend, timeout) -> None:
+    """Make sure the default group exists and waits at least ``timeout`` (+60 s) in a collective.
+
+    Every rank decides alike: all have served the same calls with the same timeouts.
+    """
+    needed = timeout + 60
+    if dist.is_initialized() and _GROUP["timeout"] >= needed:
+        return
+    _leave_group()
+    dist.init_process_group(backend, store=dist.PrefixStore(f"call{call_id}", store),
+                            rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=needed))
+    _GROUP["timeout"] = needed
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _GROUP["timeout"] = 0.0
+
+
+def _end_call(backend: str) -> None:
+    """Wait for every rank, then destroy the groups this call created; all of them if any
+    rank sent or received point to point (the ranks decide together)."""
+    flag = torch.tensor([float(_GROUP["point_to_point"])], dtype=torch.float32,
+                        device="cuda" if backend == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)      # also the end-of-call barrier
+    _GROUP["point_to_point"] = False
+    if flag.item() > 0:
+        _leave_group()
+        return
+    # torch keeps the registry private; destroy_process_group(g) is the public way out
+    made = [g for g in distributed_c10d._world.pg_names if g is not dist.group.WORLD]
+    for group in reversed(made):
+        dist.destroy_process_group(group)
+
+
 def _call(conn, store, rank, world_size, backend, message):
     call_id, payload, path, cwd, timeout = message
     for p in path:
@@ -50,13 +114,11 @@ def _call(conn, store, rank, world_size, backend, message):
     dtype, grad, dist_attrs = torch.get_default_dtype(), torch.is_grad_enabled(), dict(vars(dist))
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
-        dist.init_process_group(backend, store=dist.PrefixStore(f"call{call_id}", store),
-                                rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout + 60))
+        _join_group(store, call_id, rank, world_size, backend, timeout)
         result = fn(*args, **kwargs)
         conn.send(("returned", None))      # so a timeout can tell who was still in fn
-        dist.barrier()
-        dist.destroy_process_group()
+        vars(dist).update(dist_attrs)      # the barrier and clean-up below use the real ones
+        _end_call(backend)
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -84,6 +146,7 @@ def _serve() -> None:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     threading.Thread(target=_die_with_parent, daemon=True).start()
     torch.set_num_threads(1)
+    _watch_point_to_point()
     host, port = os.environ["LECTURE_LIB_STORE"].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), None, False,
                           timeout=datetime.timedelta(seconds=60))

@@ -1,4 +1,4 @@
-"""Collectives built from point-to-point messages, and a bandwidth benchmark.
+"""Collectives built from point-to-point messages.
 
 The idea
 --------
@@ -23,28 +23,23 @@ Everything here works on any process group (``group=None`` is the default
 group), for any tensor size (chunks differ by at most one element when the
 size is not divisible by ``p``), and reduces with ``op="sum"`` or ``"avg"``.
 
-:func:`bandwidth_sweep` times torch's collectives and ours side by side the
-way nccl-tests does (warm-ups, barrier before each timed call, median of
-repeats, slowest rank counts) and reports algorithm and bus bandwidth;
-:func:`fit_sweep` fits the alpha-beta model to the times.
+:func:`bandwidth_sweep` and :func:`fit_sweep` (the benchmark that times
+these against torch's, nccl-tests' way) live in :mod:`lecture_lib.bandwidth`;
+``collectives.bandwidth_sweep`` still finds them.
 """
 from __future__ import annotations
 
-import statistics
+import importlib
 
 import torch
 import torch.distributed as dist
 
-from .costmodel import bus_factor, fit_alpha_beta
+from .comm import group_info
 from .launch import device
-from .metrics import wall_time
 
 OPS = ("sum", "avg")
-KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-IMPLS = ("torch", "ring", "naive")
-# torch renamed the tensor-in/tensor-out collectives; use the new names where they exist
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_BENCHMARK = ("bandwidth_sweep", "fit_sweep", "KINDS", "IMPLS")    # in lecture_lib.bandwidth
+_SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 # ----------------------------------------------------------------------------
@@ -59,22 +54,34 @@ def _ring(tensor: torch.Tensor, group, op: str | None = None) -> tuple[int, int,
         raise ValueError(f"op must be one of {OPS}, not {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise TypeError(f"op='avg' needs a floating-point tensor, not {tensor.dtype}")
-    if not dist.is_initialized():
-        raise RuntimeError("no process group: call this inside lecture_lib.run(...) or torchrun")
+    rank, size = group_info(group, required=True)
     if tensor.device != device():
         raise ValueError(f"tensor is on {tensor.device} but this rank's device is {device()} "
                          "(move it with .to(lecture_lib.device()))")
-    rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError(f"global rank {dist.get_rank()} is not a member of the group "
                          f"{dist.get_process_group_ranks(group)}")
-    return rank, dist.get_world_size(group), dist.get_process_group_ranks(group or dist.group.WORLD)
+    return rank, size, dist.get_process_group_ranks(group or dist.group.WORLD)
 
 
 def chunk_sizes(numel: int, parts: int) -> list[int]:
-    """Sizes of ``parts`` chunks covering ``numel`` elements; the first ``numel % parts`` get one more."""
+    """Sizes of ``parts`` chunks covering ``numel`` elements; the first ``numel % parts``
+    get one more."""
     base, extra = divmod(numel, parts)
     return [base + (i < extra) for i in range(parts)]
+
+
+def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A reused receive buffer of ``numel`` elements: one per dtype and device, grown as needed.
+
+    A fresh buffer per call costs more than the copy itself for large chunks: above glibc's
+    mmap threshold every allocation maps new pages and faults each one in on first write.
+    """
+    key = (like.dtype, like.device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _SCRATCH[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel]
 
 
 def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
@@ -93,8 +100,7 @@ def _reduce_scatter_chunks(chunks: list[torch.Tensor], rank: int, size: int, ran
                            group, trace=None) -> None:
     """Ring reduce-scatter in place: afterwards ``chunks[rank]`` holds the sum over the group."""
     right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
-    scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
-                          device=chunks[0].device)
+    scratch = _scratch(max(c.numel() for c in chunks), chunks[0])
     for step in range(size - 1):
         out, into = (rank - step - 1) % size, (rank - step - 2) % size
         incoming = scratch[:chunks[into].numel()]
@@ -167,7 +173,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None,
     return tensor
 
 
-def naive_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, root: int = 0) -> torch.Tensor:
+def naive_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None,
+                     root: int = 0) -> torch.Tensor:
     """All-reduce in place the naive way: every rank sends to ``root`` (a group rank), the
     root adds and sends the result back to each rank. The root moves ``2 (p - 1)`` buffers."""
     rank, size, ranks = _ring(tensor, group, op)
@@ -217,78 +224,8 @@ def all_to_all(chunks: list[torch.Tensor], group=None) -> list[torch.Tensor]:
     return out
 
 
-# ----------------------------------------------------------------------------
-# The bandwidth benchmark (nccl-tests' method and definitions)
-# ----------------------------------------------------------------------------
-
-def _one_call(kind: str, impl: str, size: int, group):
-    """A closure that runs one collective on a float32 buffer of ``size`` bytes (whole buffer)."""
-    p, dev = dist.get_world_size(group), device()
-    n = max(size // 4 // p * p, p)
-    buf = torch.ones(n, device=dev)
-    part = torch.empty(n // p, device=dev)
-    full = torch.empty(n, device=dev)
-    if kind == "all_reduce":
-        return {"torch": lambda: dist.all_reduce(buf, group=group),
-                "ring": lambda: ring_all_reduce(buf, group=group),
-                "naive": lambda: naive_all_reduce(buf, group=group)}[impl], n * 4
-    if kind == "reduce_scatter":
-        return {"torch": lambda: _reduce_scatter(part, buf, group=group),
-                "ring": lambda: ring_reduce_scatter(buf, group=group)}[impl], n * 4
-    return {"torch": lambda: _all_gather(full, part, group=group),
-            "ring": lambda: ring_all_gather(part, group=group)}[impl], n * 4
-
-
-def bandwidth_sweep(sizes, kinds=KINDS, impls=("torch", "ring"), warmup: int = 1,
-                    repeats: int = 3, group=None) -> list[dict]:
-    """Time each collective, implementation and message size; call on every rank.
-
-    ``sizes`` in bytes (the whole buffer, rounded down to whole float32 elements per
-    rank). Per point: ``warmup`` untimed calls, then ``repeats`` timed calls each
-    preceded by a barrier; a call's time is the slowest rank's, the point's time the
-    median. Returns rows ``{kind, impl, bytes, seconds, algbw, busbw, world_size}``
-    (bandwidths in bytes/s; busbw = algbw x :func:`~lecture_lib.costmodel.bus_factor`).
-    """
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    for impl in impls:
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
-        if impl == "naive" and set(kinds) != {"all_reduce"}:
-            raise ValueError("the naive implementation exists for all_reduce only")
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"need warmup >= 0 and repeats >= 1, not {warmup}, {repeats}")
-    if dist.get_rank(group) < 0:
-        raise ValueError("this rank is not a member of the group")
-    p, dev = dist.get_world_size(group), device()
-    rows = []
-    for kind in kinds:
-        for size in sizes:
-            for impl in impls:
-                call, nbytes = _one_call(kind, impl, int(size), group)
-                for _ in range(warmup):
-                    call()
-                times = []
-                for _ in range(repeats):
-                    dist.barrier(group)
-                    with wall_time(dev) as t:
-                        call()
-                    slowest = torch.tensor([t.seconds], dtype=torch.float64, device=dev)
-                    dist.all_reduce(slowest, dist.ReduceOp.MAX, group=group)
-                    times.append(slowest.item())
-                seconds = statistics.median(times)
-                algbw = nbytes / seconds
-                rows.append({"kind": kind, "impl": impl, "bytes": nbytes, "seconds": seconds,
-                             "algbw": algbw, "busbw": algbw * bus_factor(kind, p),
-                             "world_size": p})
-    return rows
-
-
-def fit_sweep(rows: list[dict]) -> dict[tuple[str, str, int], tuple[float, float]]:
-    """Fit ``seconds = alpha + bytes / beta`` per (kind, impl, world_size); values ``(alpha, beta)``."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["kind"], row["impl"], row["world_size"]), []).append(row)
-    return {key: fit_alpha_beta([r["bytes"] for r in pts], [r["seconds"] for r in pts])
-            for key, pts in groups.items()}
+def __getattr__(name: str):
+    """``collectives.bandwidth_sweep`` and friends: the benchmark moved to ``bandwidth``."""
+    if name in _BENCHMARK:          # imported on first use: bandwidth imports this module
+        return getattr(importlib.import_module(".bandwidth", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

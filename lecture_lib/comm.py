@@ -50,8 +50,8 @@ def group_info(group=None, *, required: bool = False) -> tuple[int, int]:
         return 0, 1
     if not dist.is_initialized():
         if required:
-            raise RuntimeError("this needs an initialised process group "
-                               "(run it under lecture_lib.run)")
+            raise RuntimeError("no process group: this needs an initialised process group "
+                               "(run it under lecture_lib.run or torchrun)")
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 

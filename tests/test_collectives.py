@@ -62,7 +62,8 @@ def _everything_on_rank(group_ranks=None):
             out[("unchanged", n)] = torch.equal(x, before)
         out["non_contiguous"] = C.ring_all_reduce(_data(12, rank).view(3, 4).t(), group=group)
         out["gather"] = C.ring_all_gather(torch.full((2, 3), float(rank)), group=group)
-        out["a2a"] = C.all_to_all([torch.full((2,), 10.0 * rank + j) for j in range(p)], group=group)
+        out["a2a"] = C.all_to_all([torch.full((2,), 10.0 * rank + j) for j in range(p)],
+                                  group=group)
     return {"got": out, "all_reduce": expected, "all_gather": gathered_ref, "rank": rank, "p": p}
 
 

@@ -1,6 +1,4 @@
 """lecture_lib.data_parallel: every variant trains equal to one process (rtol 1e-5)."""
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -8,8 +6,8 @@ import torch.nn as nn
 
 import lecture_lib
 from lecture_lib import data_parallel as DP
-from lecture_lib.models import (GPT, GPTConfig, MarkovText, assert_same_training,
-                                train_reference)
+from lecture_lib.costmodel import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
+from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 DATA = MarkovText(CFG.vocab_size, CFG.seq_len, seed=1)
@@ -169,12 +167,12 @@ def test_a_failing_rank_ends_the_call_with_its_error_and_the_next_call_works():
 
 
 def test_overhead_model_and_its_fit():
-    from lecture_lib.costmodel import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
     s, w, o = 4e6, 2e8, 1e-3
     assert ddp_overhead(s, w, o, 4) == pytest.approx(4e-3 + s / (w * 4))
     best = best_bucket_bytes(s, w, o)
     n_best = s / best
-    assert ddp_overhead(s, w, o, n_best) < min(ddp_overhead(s, w, o, n_best * f) for f in (0.7, 1.4))
+    assert ddp_overhead(s, w, o, n_best) < min(ddp_overhead(s, w, o, n_best * f)
+                                               for f in (0.7, 1.4))
     n = [1, 2, 4, 8, 16, 32]
     got_w, got_o = fit_ddp_overhead(s, n, [ddp_overhead(s, w, o, k) for k in n])
     assert got_w == pytest.approx(w, rel=1e-6) and got_o == pytest.approx(o, rel=1e-6)
@@ -196,7 +194,7 @@ def _compare_on_rank():
 
 def test_compare_variants_measures_every_config():
     results = lecture_lib.run(_compare_on_rank, 2, timeout=120)
-    for name, r in results[0].items():
+    for r in results[0].values():
         assert len(r["step_times"]) == 2 and min(r["step_times"]) > 0
         assert set(r["totals"]) == {"compute", "comm", "optimizer"}
         assert [k for k, *_ in r["spans"]][-2:] == ["comm", "optimizer"]

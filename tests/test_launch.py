@@ -85,6 +85,26 @@ def test_state_a_call_changes_does_not_leak_into_the_next():
     assert lecture_lib.run(look, 2, timeout=60) == [(True, torch.float32, True)] * 2
 
 
+def _send_and_leave_it():
+    if dist.get_rank() == 0:
+        dist.isend(torch.tensor([42.0]), 1)         # never received in this call
+
+
+def _receive_what_is_there():
+    if dist.get_rank() == 1:
+        t = torch.zeros(1)
+        request = dist.irecv(t, 0)
+        time.sleep(0.3)
+        return request.is_completed(), t.item()
+    return None
+
+
+def test_a_message_left_unreceived_does_not_reach_the_next_call():
+    lecture_lib.run(_send_and_leave_it, 2, timeout=60)
+    assert lecture_lib.run(_receive_what_is_there, 2, timeout=60)[1] == (False, 0.0)
+    assert lecture_lib.run(lambda: dist.get_rank(), 2, timeout=60) == [0, 1]
+
+
 def test_printed_output_comes_back_prefixed(capsys):
     def talk():
         print(f"hello from {dist.get_rank()}")
