@@ -92,7 +92,11 @@ def memory_calculator():
             fig, bars = calculator_figure(**values)
         except ValueError as e:
             raise ValueError(f"not a valid configuration: {e}") from None
-        return fig, {"bars": bars}
+        chosen = bars[f"ZeRO-{values['zero_stage']}"]["total"] / GB
+        verdict = "fits in" if chosen <= 80 else "does not fit in"
+        return fig, {"bars": bars, "text": f"ZeRO-{values['zero_stage']} at dp={values['dp']}, "
+                     f"tp={values['tp']}, pp={values['pp']}: {chosen:,.1f} GB per device, "
+                     f"{verdict} an 80 GB device"}
 
     rows = [w.HBox([w.VBox(list(controls.values())[:5]), w.VBox(list(controls.values())[5:])])]
     return explorer(controls, render, rows)
