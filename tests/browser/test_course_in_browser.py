@@ -10,6 +10,7 @@ with a different figure and text when a control changes. Screenshots go to build
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -62,7 +63,8 @@ def lab(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # as a student
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(SHOTS, ignore_errors=True)              # no screenshot of an earlier run
+    SHOTS.mkdir(parents=True)
     log = open(SHOTS / "jupyterlab.log", "w")  # noqa: SIM115  closed below
     proc, url = course.start(work / "notebooks", open_browser=False, env=env, stdout=log,
                              stderr=subprocess.STDOUT,
@@ -146,6 +148,19 @@ def save_and_read(page, lab, name: str):
     return nbformat.read(path, as_version=4)
 
 
+IMAGE_BYTES_JS = """async (img) => {
+    const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
+    let text = '';
+    for (let i = 0; i < bytes.length; i += 1) text += String.fromCharCode(bytes[i]);
+    return btoa(text);
+}"""
+
+
+def image_bytes(image) -> bytes:
+    """The PNG the browser shows in an <img> (what the kernel sent), fetched from its src."""
+    return base64.b64decode(image.evaluate(IMAGE_BYTES_JS))
+
+
 def check_saved(nb) -> None:
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [(i, o.get("ename"), o.get("evalue")) for i, c in enumerate(code)
@@ -176,7 +191,7 @@ def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
     image, text = panel.locator("img"), panel.locator(".widget-html")
     assert panel.locator("select").count() >= 4 and panel.locator("input").count() >= 5
     assert image.is_visible() and image.bounding_box()["height"] > 100
-    before_text, before_png = text.inner_text(), image.screenshot()
+    before_text, before_png = text.inner_text(), image_bytes(image)
     panel.screenshot(path=str(SHOTS / "03_calculator_before.png"))
 
     dp = panel.locator(".widget-inline-hbox", has=page.locator("label", has_text="dp")
@@ -186,10 +201,11 @@ def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
     page.wait_for_function("([el, old]) => el.innerText !== old",
                            arg=[text.element_handle(), before_text], timeout=30_000)
     page.wait_for_timeout(500)                         # let the new image decode and paint
-    after_text, after_png = text.inner_text(), image.screenshot()
+    after_text, after_png = text.inner_text(), image_bytes(image)
     panel.screenshot(path=str(SHOTS / "03_calculator_after.png"))
     print(f"calculator text before: {before_text!r}\n                 after: {after_text!r}")
     assert "dp=64" not in after_text and after_text != before_text
+    assert before_png.startswith(b"\x89PNG") and after_png.startswith(b"\x89PNG")
     assert after_png != before_png, "the figure did not change when dp changed"
     assert errors_shown(page) == []
     check_saved(save_and_read(page, lab, "03_memory.ipynb"))
