@@ -59,9 +59,10 @@ def explorer(controls: dict, render, rows=None):
             text.value = _pre(str(exc))
             image.layout.display = "none"
             return
+        png = figure_png(fig)                  # draw first: text and figure change together
         state.update(result, error=None)
         text.value = _pre(state.get("text") or "")
-        image.value = figure_png(fig)
+        image.value = png
         image.layout.display = None
 
     for control in controls.values():

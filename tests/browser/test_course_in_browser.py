@@ -88,6 +88,13 @@ def page(chromium, lab):
         browser.close()
 
 
+def dismiss_dialog(page) -> None:
+    """Accept a dialog JupyterLab puts up while a notebook opens ("Select Kernel")."""
+    accept = page.locator(".jp-Dialog .jp-mod-accept")
+    if accept.count():
+        accept.first.click()
+
+
 def open_and_run_all(page, lab, name: str) -> float:
     """Open a notebook, run all its cells from the Run menu, wait until done; return seconds."""
     base, token, _ = lab
@@ -95,21 +102,28 @@ def open_and_run_all(page, lab, name: str) -> float:
     page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']",
                            timeout=120_000)
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
-    for attempt in range(3):       # a click before the kernel is connected can be lost: retry
-        select = page.get_by_role("button", name="Select", exact=True)   # "Select Kernel" dialog
-        if select.count():
-            select.click()
+    state = {"ran": 0, "running": 0}
+    for attempt in range(4):       # JupyterLab may still be connecting the kernel: retry
+        page.wait_for_timeout(3000)
+        dismiss_dialog(page)
+        try:
+            page.get_by_role("menuitem", name="Run", exact=True).click(timeout=10_000)
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click(timeout=10_000)
+        except Exception as exc:  # noqa: BLE001  a dialog came up in between: try again
+            print(f"  {name}: could not click Run > Run All Cells ({type(exc).__name__})")
+            page.keyboard.press("Escape")
+            continue
         start = time.monotonic()
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        while time.monotonic() - start < 30:
-            state = page.evaluate(STATE_JS, PANEL)
-            if state["ran"] or state["running"]:
-                break
+        while time.monotonic() - start < 30 and not (state["ran"] or state["running"]):
+            dismiss_dialog(page)
             time.sleep(0.5)
+            state = page.evaluate(STATE_JS, PANEL)
         if state["ran"] or state["running"]:
             break
         print(f"  {name}: Run All Cells started nothing within 30 s (attempt {attempt + 1})")
+    else:
+        page.screenshot(path=str(SHOTS / f"FAILED_{name}.png"))
+        raise RuntimeError(f"{name}: Run > Run All Cells never started the notebook")
     # done: every code cell has an execution count, or a cell failed (Run All stops there)
     last_report = start
     while True:
@@ -192,6 +206,7 @@ def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
     assert panel.locator("select").count() >= 4 and panel.locator("input").count() >= 5
     assert image.is_visible() and image.bounding_box()["height"] > 100
     before_text, before_png = text.inner_text(), image_bytes(image)
+    before_src = image.get_attribute("src")
     panel.screenshot(path=str(SHOTS / "03_calculator_before.png"))
 
     dp = panel.locator(".widget-inline-hbox", has=page.locator("label", has_text="dp")
@@ -200,7 +215,9 @@ def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
     dp.press("Enter")
     page.wait_for_function("([el, old]) => el.innerText !== old",
                            arg=[text.element_handle(), before_text], timeout=30_000)
-    page.wait_for_timeout(500)                         # let the new image decode and paint
+    page.wait_for_function("([el, old]) => el.src !== old && el.complete",   # a new picture
+                           arg=[image.element_handle(), before_src], timeout=30_000)
+    page.wait_for_timeout(500)                         # let it paint before the screenshot
     after_text, after_png = text.inner_text(), image_bytes(image)
     panel.screenshot(path=str(SHOTS / "03_calculator_after.png"))
     print(f"calculator text before: {before_text!r}\n                 after: {after_text!r}")
