@@ -3,6 +3,8 @@
 #   make test     set everything up and run the whole test suite (what CI runs)
 # and the headless variant of the first:
 #   make render   execute every notebook and write it, with its plots, to build/notebooks/
+# and the check of the first in a real browser (needs Chromium; see README, not in `make test`):
+#   make test-browser
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,8 +12,10 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 JOBS   ?= 2
+# make render: seconds one notebook may run before it is reported as too slow
+NOTEBOOK_TIMEOUT ?= 600
 
-.PHONY: setup course render test clean-notebooks exercises
+.PHONY: setup course render test test-browser clean-notebooks exercises
 
 setup: $(VENV)/.installed
 
@@ -22,19 +26,29 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# JupyterLab on notebooks/ (a free port, a token); prints the URL to open.
 course: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(PY) tools/course.py notebooks
 
+# Each notebook with a time limit; the slowest cells of each are named; widgets are stored.
 render: setup
-	$(VENV)/bin/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=900 \
-		--output-dir build/notebooks notebooks/*.ipynb
-	@echo "rendered notebooks: build/notebooks/"
+	$(PY) tools/render_notebooks.py --output-dir build/notebooks \
+		--notebook-timeout $(NOTEBOOK_TIMEOUT) notebooks/*.ipynb
 
 # Library and exercise tests in parallel; then the notebooks one at a time, so that what they
 # measure (and assert) is not disturbed by another job on the same cores.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) --durations=10 tests
-	OMP_NUM_THREADS=1 $(PY) -m pytest --nbval-lax --durations=10 notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) --durations=10 --ignore=tests/browser tests
+	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
+
+# JupyterLab in headless Chromium (Debian's `chromium` package; Playwright from pip): notebooks
+# 00 and 03 run from the UI; screenshots in build/browser/. Skips, saying so, without Chromium.
+test-browser: $(VENV)/.browser
+	OMP_NUM_THREADS=1 $(PY) -m pytest -v -s -rs tests/browser
+
+$(VENV)/.browser: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[dev,browser]"
+	touch $@
 
 exercises: setup
 	$(PY) -m lecture_lib.exercises

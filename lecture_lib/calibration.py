@@ -32,12 +32,12 @@ from .costmodel.comm import Link, bus_factor
 from .costmodel.memory import TransformerShape
 from .costmodel.steptime import Cluster, Parallelism, step_time, training_flops
 from .hybrid import HybridConfig, step_seconds, train_hybrid
-from .models import GPTConfig
+from .models import GPT, GPTConfig
+from .progress import progress
 
 
 def shape_of(cfg: GPTConfig) -> TransformerShape:
     """The cost model's view of a :class:`GPTConfig`, with its exact parameter count."""
-    from .models import GPT
     n = sum(p.numel() for p in GPT(cfg).parameters())
     return TransformerShape("small GPT", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size,
                             cfg.seq_len, n)
@@ -89,10 +89,10 @@ def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats!r}")
     seconds = {1: [], microbatches: []}
-    for _ in range(repeats):
-        for m in seconds:
-            _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
-            seconds[m].append(step_seconds(results))
+    runs = [m for _ in range(repeats) for m in seconds]         # alternate 1 and m
+    for m in progress(runs, "calibration: one-rank runs (1 and m micro-batches)"):
+        _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
+        seconds[m].append(step_seconds(results))
     return fit_compute(cfg, batch_size, microbatches, min(seconds[1]), min(seconds[microbatches]))
 
 
@@ -120,7 +120,7 @@ def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: 
     """For each (dp, tp, pp): the modelled and the measured seconds per step
     (``microbatches`` micro-batches where there is a pipeline, else one)."""
     rows = []
-    for dp, tp, pp in configs:
+    for dp, tp, pp in progress(list(configs), "predicted vs measured: train each (dp, tp, pp)"):
         m = microbatches if pp > 1 else 1
         _, results = train_hybrid(cfg, HybridConfig(dp, tp, pp, microbatches=m), batch_size, steps)
         predicted = predict(cfg, (dp, tp, pp), batch_size, m, rate, overhead, link)

@@ -11,11 +11,12 @@ al. 2022).
 """
 from __future__ import annotations
 
+import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from .. import plots
-from . import explorer
 from ..costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
+from . import explorer
 
 KINDS = ("params", "grads", "optimizer", "activations")
 KIND_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#8172B3",
@@ -41,7 +42,7 @@ def plot_memory(ax, breakdowns: dict, device_gb: float = 80.0, highlight: str | 
     ax.set_ylabel("memory per device (GB)")
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp: int = 8,
@@ -68,8 +69,6 @@ def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp:
 
 def memory_calculator():
     """The interactive panel (a notebook cell ends with it)."""
-    import ipywidgets as w
-
     style = {"description_width": "110px"}
     controls = {
         "preset": w.Dropdown(options=list(PRESETS), value="GPT-3 175B", description="model",
@@ -93,7 +92,11 @@ def memory_calculator():
             fig, bars = calculator_figure(**values)
         except ValueError as e:
             raise ValueError(f"not a valid configuration: {e}") from None
-        return fig, {"bars": bars}
+        chosen = bars[f"ZeRO-{values['zero_stage']}"]["total"] / GB
+        verdict = "fits in" if chosen <= 80 else "does not fit in"
+        return fig, {"bars": bars, "text": f"ZeRO-{values['zero_stage']} at dp={values['dp']}, "
+                     f"tp={values['tp']}, pp={values['pp']}: {chosen:,.1f} GB per device, "
+                     f"{verdict} an 80 GB device"}
 
     rows = [w.HBox([w.VBox(list(controls.values())[:5]), w.VBox(list(controls.values())[5:])])]
     return explorer(controls, render, rows)

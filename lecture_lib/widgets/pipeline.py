@@ -8,12 +8,13 @@ interleaved, Narayanan et al. 2021).
 """
 from __future__ import annotations
 
+import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from .. import plots
-from . import explorer
 from ..costmodel import pipeline_bubble, zb_h1_bubble
 from ..pipeline import NAMES, make_schedule, simulate
+from . import explorer
 
 
 def schedule_figure(name: str, p: int, m: int, v: int = 1, t_forward: float = 1.0,
@@ -46,8 +47,6 @@ def schedule_explorer(t_forward: float = 1.0, t_backward: float = 2.0, t_weight:
 
     For schedules without a split backward, B costs ``t_backward + t_weight``.
     """
-    import ipywidgets as w
-
     name = w.Dropdown(options=NAMES, value="1f1b", description="schedule")
     p = w.IntSlider(value=4, min=1, max=8, description="stages p")
     m = w.IntSlider(value=8, min=1, max=32, description="micro-b. m")

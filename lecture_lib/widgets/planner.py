@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from .. import plots
-from . import explorer
 from ..costmodel.memory import PRESETS
 from ..costmodel.planner import explain, plan
 from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
+from . import explorer
 
 CLUSTERS = {"A100 80GB, NVLink 3 + HDR InfiniBand": A100_CLUSTER,
             "H100 80GB, NVLink 4 + NDR InfiniBand": H100_CLUSTER}
@@ -40,7 +41,7 @@ def plan_figure(preset: str, cluster: str, nodes: int, global_batch: int, top: i
     ax.set_xlabel("modelled seconds per step")
     ax.set_title(f"{preset} on {machine.devices} GPUs, global batch {global_batch}: "
                  f"{len(plans)} configurations fit")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     plots.stamp(fig, text="modelled: lecture_lib.costmodel (alpha-beta links, 1F1B bubble, "
                           "ZeRO + Korthikanti memory)")
     fig.tight_layout()
@@ -49,8 +50,6 @@ def plan_figure(preset: str, cluster: str, nodes: int, global_batch: int, top: i
 
 def planner_explorer():
     """The interactive panel (a notebook cell ends with it)."""
-    import ipywidgets as w
-
     style = {"description_width": "100px"}
     controls = {
         "preset": w.Dropdown(options=list(PRESETS), value="GPT-3 175B", description="model",
