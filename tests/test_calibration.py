@@ -3,7 +3,7 @@ import pytest
 
 from lecture_lib import calibration
 from lecture_lib.costmodel.comm import Link
-from lecture_lib.models import GPTConfig
+from lecture_lib.models import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
 
@@ -21,7 +21,6 @@ def test_ranks_share_the_cores():
 
 
 def test_shape_counts_parameters_exactly():
-    from lecture_lib.models import GPT
     assert calibration.shape_of(TINY).num_params == sum(p.numel() for p in GPT(TINY).parameters())
 
 
@@ -50,7 +49,8 @@ def test_fit_clamps_a_negative_overhead():
     """Noise can make the many-micro-batch run faster; overhead is then 0, not negative."""
     fit = calibration.fit_compute(TINY, 8, 4, 0.100, 0.090)
     assert fit.overhead == 0.0
-    assert fit.rate == pytest.approx(calibration.training_flops(calibration.shape_of(TINY), 8 * 16) / 0.1)
+    flops = calibration.training_flops(calibration.shape_of(TINY), 8 * 16)
+    assert fit.rate == pytest.approx(flops / 0.1)
 
 
 def test_bad_microbatches():
