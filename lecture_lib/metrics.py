@@ -86,6 +86,11 @@ class Timer:
             self.totals[phase] += end - start
             self.spans.append((phase, start - self._t0(), end - self._t0()))
 
+    def now(self) -> float:
+        """Seconds since :meth:`reset` on the clock the spans use (under the emulation
+        the compute stream, as a CUDA event would read it)."""
+        return now(self.device, stream_only=True) - self._t0()
+
     def reset(self) -> None:
         self.totals.clear()
         self.spans.clear()

@@ -12,6 +12,11 @@
   events against the rank's ``timer`` (a :class:`lecture_lib.metrics.Timer`:
   real time here; any timer with ``t0`` and, optionally, ``now()`` will do, so
   an emulated clock can replace it).
+* :func:`fsdp_timeline_emulated`: the same experiment in the virtual time of
+  an accelerator cluster (:func:`lecture_lib.emulate.emulated`, e.g. H100s on
+  NVLink), where the compute is fast enough for the all-gathers to matter and
+  prefetching hides them; it adds the all-gathers' time on the wire (the
+  emulated communication stream) and the part of it hidden behind compute.
 """
 from __future__ import annotations
 
@@ -19,8 +24,10 @@ import time
 
 import torch
 
+from .. import emulate
 from ..comm import group_info, record_comm
 from ..launch import device
+from ..metrics import Timer
 from ..models import make_optimizer, shard
 from ..precision import LossScaler
 from .experiments import shard_model
@@ -144,18 +151,20 @@ def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=
 
     Returns ``spans`` (:func:`event_spans`), ``events`` (the last step's, without
     times, for :func:`lecture_lib.zero.picture.shard_states`), ``step_seconds``
-    (each step, on the timer), ``blocked`` and ``overlapped`` seconds of the last step.
+    (each step, on the timer), ``step_start`` (the last step's start on the timer),
+    ``blocked`` and ``overlapped`` seconds of the last step, and ``losses``.
     """
     rank, world = group_info(group, required=True)
     model = FullyShardedModel(make_model().to(device()), group=group, prefetch=prefetch,
                               **fsdp_kwargs)
     opt = make_optimizer(model.parameters(), "adamw", 1e-2)
-    seconds = []
+    seconds, losses = [], []
     for step in range(steps):
         x, y = (t.to(device()) for t in shard(batches(step), rank, world))
         model.events = _Stamped(timer)
         with timer("step"):
-            _one_step(model, opt, x, y)
+            loss = _one_step(model, opt, x, y)
+        losses.append(loss.item())
         seconds.append(timer.spans[-1][2] - timer.spans[-1][1])
     events = list(model.events)
     model.events = None
@@ -163,6 +172,37 @@ def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=
     for kind, unit, phase, a, b in spans:
         timer.spans.append((f"{kind} {unit} {phase}", a, b))
     return {"spans": spans, "events": [e[:3] for e in events], "step_seconds": seconds,
+            "losses": losses, "step_start": timer.spans[steps - 1][1] if steps else 0.0,
             "blocked": sum(b - a for k, _, _, a, b in spans if k == "blocked"),
             "overlapped": overlapped_seconds(spans),
             "units": [u.name for u in model.units()]}
+
+
+def _busy_overlap(span, busy) -> float:
+    a, b = span
+    return sum(max(0.0, min(b, d) - max(a, c)) for c, d in busy)
+
+
+def fsdp_timeline_emulated(make_model, batches, steps: int, prefetch: bool,
+                           preset="h100-node", group=None, **fsdp_kwargs) -> dict:
+    """Rank function: :func:`fsdp_timeline` run under ``emulate.emulated(preset)``.
+
+    Everything :func:`fsdp_timeline` returns, in emulated seconds, plus ``wire``
+    (the last step's all-gathers on the emulated communication stream,
+    ``[(start, end)]``), ``hidden`` (seconds of them while the compute stream was
+    busy) and ``time_kind`` (e.g. "emulated H100 + NVLink").
+    """
+    timer = Timer()
+    with emulate.emulated(preset) as clock:
+        timer.reset()                         # t0 on the emulated clock
+        out = fsdp_timeline(make_model, batches, steps, prefetch, timer, group, **fsdp_kwargs)
+        clock.resolve()
+    t0 = timer.t0_emulated
+    start = t0 + out["step_start"]
+    wire = [(a - t0, b - t0) for kind, a, b, text in clock.spans
+            if kind == "comm" and text == "all_gather" and a >= start]
+    busy = [(a - t0, b - t0) for kind, a, b, _ in clock.spans
+            if kind not in ("comm", "idle") and b > start]
+    out.update(wire=wire, hidden=sum(_busy_overlap(w, busy) for w in wire),
+               time_kind=timer.time_kind)
+    return out
