@@ -20,10 +20,12 @@ from lecture_lib.context_parallel import (
 )
 from lecture_lib.context_parallel.experiments import (
     CASES,
+    attention_on_rank,
     compare_attention,
     compare_with_torch,
     measure_activation_memory,
     measure_attention_flops,
+    measure_ring_overlap,
     train_context_parallel,
 )
 from lecture_lib.context_parallel.figures import cell_labels, draw_ring_steps
@@ -130,6 +132,25 @@ def test_ring_picture_names_every_held_block():
     assert texts == [c for row in cell_labels(4, "zigzag") for c in row]
 
 
+def test_ring_overlaps_kv_hops_with_attention_in_emulated_time():
+    shape = (1, 4, 256, 32)
+    got = measure_ring_overlap(4, shape)
+    again = measure_ring_overlap(4, shape)
+    for key in ("overlapped", "serial"):                  # virtual time: exactly repeatable
+        assert [r["spans"] for r in got[key]] == [r["spans"] for r in again[key]]
+    assert got["step_s"] == again["step_s"] and got["serial_s"] == again["serial_s"]
+    assert got["overlap_s"] > 0 and got["step_s"] < got["serial_s"]
+    for ov, se in zip(got["overlapped"], got["serial"]):
+        assert ov["hops"] == se["hops"] == 3 + 3 + 4      # K/V fwd, K/V bwd, dK/dV home
+        assert ov["comm_s"] == se["comm_s"] > 0 and ov["idle_s"] < se["idle_s"]
+        assert se["step_s"] == pytest.approx(se["compute_s"] + se["idle_s"])   # nothing hidden
+    plain = lecture_lib.run(attention_on_rank, 4, shape, [("ring", "zigzag", True)], 0)
+    for p, ov, se in zip(plain, got["overlapped"], got["serial"]):   # bit-identical results
+        for run in (ov, se):
+            assert torch.equal(run["o"], p[0]["o"])
+            assert all(torch.equal(a, b) for a, b in zip(run["grads"], p[0]["grads"]))
+
+
 @pytest.mark.parametrize("check, match", [
     (lambda: check_layout(30, 4, "zigzag"), "not divisible by 8"),
     (lambda: check_layout(30, 4, "contiguous"), "not divisible by 4"),
@@ -141,6 +162,8 @@ def test_ring_picture_names_every_held_block():
     (lambda: train_context_parallel(GPTConfig(seq_len=12), 4, 4, 1), "divisible by 8"),
     (lambda: train_context_parallel(GPTConfig(n_heads=2, d_model=32, seq_len=16), 4, 4, 1,
                                     method="ulysses", layout="contiguous"), "heads divisible"),
+    (lambda: measure_ring_overlap(4, (1, 4, 12, 8)), "divisible by 8"),
+    (lambda: measure_ring_overlap(2, (1, 4, 16, 8), preset="tpu"), "unknown emulation preset"),
 ])
 def test_bad_input_fails_before_any_process_starts(check, match, monkeypatch):
     monkeypatch.setattr(lecture_lib.launch, "run", lambda *a, **k: pytest.fail("ranks started"))

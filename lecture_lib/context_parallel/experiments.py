@@ -8,19 +8,26 @@
   ``torch.utils.flop_counter`` on the operations the ring really ran;
 * :func:`measure_activation_memory`: bytes autograd saves per device for one
   block, against sequence length, one process and under cp;
+* :func:`measure_ring_overlap`: ring attention in emulated time (:mod:`lecture_lib.emulate`):
+  each rank's compute and K/V hops, its step, and the step of the same ring
+  run with every exchange waited for before the block is computed
+  (:func:`exchanges_waited`), so nothing overlaps;
 * :func:`compare_with_torch`: PyTorch's own context parallel, if it runs here.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from .. import launch
+from .. import emulate, launch
 from ..comm import record_comm, resolve
 from ..metrics import saved_tensor_bytes
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from . import ring
 from .attention import attention_reference
 from .layout import check_layout, shard_sequence, unshard_sequence
 from .model import METHODS, check_context_parallel, parallelize_gpt, sync_context_parallel_grads
@@ -158,6 +165,76 @@ def measure_activation_memory(seq_lens, cp: int, batch_size: int = 1, d_model: i
         one = _memory_on_rank(cfg, batch_size, layout, group="local")
         per_device = launch.run(_memory_on_rank, cp, cfg, batch_size, layout, timeout=timeout)
         out[s] = (one, max(per_device))
+    return out
+
+
+@contextmanager
+def exchanges_waited():
+    """Within the block, the ring waits for each exchange as soon as it posts it.
+
+    The comparison for :func:`measure_ring_overlap`: the same messages and the
+    same arithmetic in the same order (results are identical), but the K/V hop
+    has arrived before the block held is computed, so nothing overlaps.
+    """
+    posted = ring.ring_shift
+
+    def waited(t, group=None, phase=""):
+        received = posted(t, group, phase)()
+        return lambda: received
+    ring.ring_shift = waited
+    try:
+        yield
+    finally:
+        ring.ring_shift = posted
+
+
+def _emulated_ring(mine, do, layout, causal, backward, preset, overlap: bool) -> dict:
+    """One emulated ring attention (forward, and backward), from fresh clocks."""
+    mine = [t.detach().clone().requires_grad_(True) for t in mine]
+    with nullcontext() if overlap else exchanges_waited(), emulate.emulated(preset) as clock:
+        with clock.phase("forward"):
+            o = ring.ring_attention(*mine, None, layout, causal)
+        if backward:
+            with clock.phase("backward"):
+                o.backward(do)
+        step = clock.synchronize()
+    spans = clock.timeline()
+    hops = [s for s in spans["comm"] if s[3].startswith("send")]
+    return {"step_s": step, "spans": spans["compute"] + hops,
+            "compute_s": sum(e - s for k, s, e, _ in spans["compute"] if k != "idle"),
+            "comm_s": sum(e - s for _, s, e, _ in hops), "hops": len(hops),
+            "idle_s": clock.totals.get("idle", 0.0),
+            "o": o.detach(), "grads": [t.grad for t in mine] if backward else []}
+
+
+def _overlap_on_rank(shape, layout, causal, backward, preset, seed) -> dict:
+    _, rank, cp = resolve(None)
+    q, k, v, do = (shard_sequence(t, rank, cp, layout, dim=2).to(launch.device())
+                   for t in _inputs(shape, seed))
+    return {"overlapped": _emulated_ring((q, k, v), do, layout, causal, backward, preset, True),
+            "serial": _emulated_ring((q, k, v), do, layout, causal, backward, preset, False)}
+
+
+def measure_ring_overlap(cp: int, shape=(1, 8, 1024, 64), preset="h100-node",
+                         layout: str = "zigzag", causal: bool = True, backward: bool = True,
+                         seed: int = 0, timeout: float = 120) -> dict:
+    """Ring attention on ``cp`` ranks of the emulated ``preset`` (emulated seconds).
+
+    ``shape`` is (batch, heads, tokens, head_dim) of the whole sequence. Returns
+    ``{"overlapped": [...], "serial": [...]}``, one dict per rank: ``step_s``,
+    ``compute_s`` (busy compute), ``comm_s`` (the K/V and dK/dV hops on its link),
+    ``idle_s`` (compute waiting for a hop), ``hops``, ``spans`` (the timeline:
+    compute spans and sends), ``o`` and ``grads``; and ``step_s``, ``serial_s``
+    (the slowest rank's), ``overlap_s`` (their difference: the hop time hidden).
+    """
+    check_layout(shape[2], cp, layout)
+    emulate.preset(preset)                                   # a bad preset: now
+    results = launch.run(_overlap_on_rank, cp, shape, layout, causal, backward, preset, seed,
+                         timeout=timeout)
+    out = {key: [r[key] for r in results] for key in ("overlapped", "serial")}
+    out["step_s"] = max(r["step_s"] for r in out["overlapped"])
+    out["serial_s"] = max(r["step_s"] for r in out["serial"])
+    out["overlap_s"] = out["serial_s"] - out["step_s"]
     return out
 
 
