@@ -7,6 +7,8 @@ call, the median of repeats, and a call's time is the slowest rank's.
 the collective's bus factor (:func:`lecture_lib.costmodel.bus_factor`), so
 that every collective is compared with the link's peak. :func:`fit_sweep`
 fits the alpha-beta model (``seconds = alpha + bytes / beta``) to the times.
+:func:`measure_bandwidth` runs the sweep from the caller, one call of the
+ranks per point, so that a notebook shows its progress.
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import torch.distributed as dist
 from .collectives import naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .comm import all_gather_single, reduce_scatter_single
 from .costmodel import bus_factor, fit_alpha_beta
-from .launch import device
+from .launch import device, run
 from .metrics import wall_time
+from .progress import progress
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 IMPLS = ("torch", "ring", "naive")
@@ -53,16 +56,7 @@ def bandwidth_sweep(sizes, kinds=KINDS, impls=("torch", "ring"), warmup: int = 1
     median. Returns rows ``{kind, impl, bytes, seconds, algbw, busbw, world_size}``
     (bandwidths in bytes/s; busbw = algbw x :func:`~lecture_lib.costmodel.bus_factor`).
     """
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    for impl in impls:
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
-        if impl == "naive" and set(kinds) != {"all_reduce"}:
-            raise ValueError("the naive implementation exists for all_reduce only")
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"need warmup >= 0 and repeats >= 1, not {warmup}, {repeats}")
+    _check_sweep(kinds, impls, warmup, repeats)
     if dist.get_rank(group) < 0:
         raise ValueError("this rank is not a member of the group")
     p, dev = dist.get_world_size(group), device()
@@ -86,6 +80,39 @@ def bandwidth_sweep(sizes, kinds=KINDS, impls=("torch", "ring"), warmup: int = 1
                 rows.append({"kind": kind, "impl": impl, "bytes": nbytes, "seconds": seconds,
                              "algbw": algbw, "busbw": algbw * bus_factor(kind, p),
                              "world_size": p})
+    return rows
+
+
+def _check_sweep(kinds, impls, warmup: int, repeats: int) -> None:
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    for impl in impls:
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
+        if impl == "naive" and set(kinds) != {"all_reduce"}:
+            raise ValueError("the naive implementation exists for all_reduce only")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, not {warmup}, {repeats}")
+
+
+def measure_bandwidth(world_size: int, sizes, kinds=KINDS, impls=("torch", "ring"),
+                      warmup: int = 1, repeats: int = 3, *, backend: str = "auto",
+                      timeout: float = 300.0) -> list[dict]:
+    """:func:`bandwidth_sweep` on ``world_size`` ranks, called from the notebook or script.
+
+    The arguments are checked first; then each point (kind, size) is one warm call of
+    the ranks, which times every implementation at that size in turn, as the sweep
+    does, with :func:`~lecture_lib.progress.progress`. ``timeout`` is each call's.
+    Returns rank 0's rows, in :func:`bandwidth_sweep`'s order.
+    """
+    _check_sweep(kinds, impls, warmup, repeats)
+    points = [(kind, int(size)) for kind in kinds for size in sizes]
+    rows = []
+    for kind, size in progress(points, f"bandwidth: {world_size} ranks, one (collective, "
+                               "size) each"):
+        rows += run(bandwidth_sweep, world_size, [size], (kind,), tuple(impls), warmup,
+                    repeats, backend=backend, timeout=timeout)[0]
     return rows
 
 

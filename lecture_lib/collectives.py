@@ -38,7 +38,8 @@ from .comm import group_info
 from .launch import device
 
 OPS = ("sum", "avg")
-_BENCHMARK = ("bandwidth_sweep", "fit_sweep", "KINDS", "IMPLS")    # in lecture_lib.bandwidth
+_BENCHMARK = ("bandwidth_sweep", "measure_bandwidth", "fit_sweep", "KINDS",   # in .bandwidth
+              "IMPLS")
 _SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 

@@ -27,6 +27,7 @@ from .. import emulate, launch
 from ..comm import record_comm, resolve
 from ..metrics import saved_tensor_bytes
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from ..progress import progress
 from . import ring
 from .attention import attention_reference
 from .layout import check_layout, shard_sequence, unshard_sequence
@@ -159,7 +160,8 @@ def measure_activation_memory(seq_lens, cp: int, batch_size: int = 1, d_model: i
                               timeout: float = 120) -> dict:
     """``{seq_len: (one-process bytes, per-device bytes under cp)}`` saved by one block."""
     out = {}
-    for s in seq_lens:
+    for s in progress(list(seq_lens), f"activation memory: one sequence length on {cp} ranks "
+                      "each"):
         cfg = GPTConfig(vocab_size=32, seq_len=s, d_model=d_model, n_heads=n_heads, n_layers=1)
         check_context_parallel(cfg, cp, layout)
         one = _memory_on_rank(cfg, batch_size, layout, group="local")

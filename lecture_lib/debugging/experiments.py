@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, make_optimizer
+from ..progress import progress
 
 
 def train_gpt(cfg=None, *, steps: int = 40, lr: float = 0.1, batch_size: int = 8,
@@ -68,7 +69,9 @@ def sweep(configs: list[dict], world_size: int = 2, timeout: float = 120) -> lis
     """Run :func:`train_gpt` for each config, spread over ``world_size`` processes.
 
     The runs are independent (no communication): rank ``r`` trains configs
-    ``r, r + world_size, ...``; results come back in the order of ``configs``.
+    ``r, r + world_size, ...``, one round of ``world_size`` configs per call of the
+    ranks (so that :func:`~lecture_lib.progress.progress` can count the rounds;
+    ``timeout`` is each round's); results come back in the order of ``configs``.
     """
     configs = list(configs)
     if not configs:
@@ -78,13 +81,12 @@ def sweep(configs: list[dict], world_size: int = 2, timeout: float = 120) -> lis
             raise TypeError(f"each config must be a dict of train_gpt arguments, not {c!r}")
     world_size = max(1, min(world_size, len(configs)))
 
-    def rank_fn():
+    def one_round(batch):              # rank r trains batch[r], if the round has one
         r = dist.get_rank()
-        return [train_gpt(**c) for c in configs[r::world_size]]
+        return train_gpt(**batch[r]) if r < len(batch) else None
 
-    per_rank = launch.run(rank_fn, world_size, timeout=timeout)
-    out = [None] * len(configs)
-    for r, results in enumerate(per_rank):
-        for k, res in enumerate(results):
-            out[r + k * world_size] = res
+    rounds = [configs[i:i + world_size] for i in range(0, len(configs), world_size)]
+    out = []
+    for batch in progress(rounds, f"sweep: {len(configs)} runs, {world_size} at a time"):
+        out += launch.run(one_round, world_size, batch, timeout=timeout)[:len(batch)]
     return out

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from .. import data_parallel as DP
 from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
+from ..progress import progress
 from .clock import Clock
 from .session import emulated
 
@@ -97,11 +98,14 @@ def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
 
 def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_rank: int,
                 steps: int = 2, preset="h100-node", timeout: float = 300.0) -> list[dict]:
-    """Rank 0's :func:`ddp_step` for each ``{"variant": ..., "bucket_size_mb": ...}``."""
+    """Rank 0's :func:`ddp_step` for each ``{"variant": ..., "bucket_size_mb": ...}``
+    (one call of the ranks per configuration, with :func:`~lecture_lib.progress.progress`)."""
     for c in configs:
         _check(c["variant"], cfg, batch_per_rank, steps)
     return [launch.run(ddp_step, world_size, c["variant"], cfg, batch_per_rank, steps,
-                       c.get("bucket_size_mb"), preset, timeout=timeout)[0] for c in configs]
+                       c.get("bucket_size_mb"), preset, timeout=timeout)[0]
+            for c in progress(list(configs), f"emulated DDP: one configuration on {world_size} "
+                              "ranks each")]
 
 
 def _overhead_rank(variant, cfg, batch_per_rank, steps, bucket_size_mb, preset, repeats):

@@ -21,6 +21,7 @@ from .dispatch import AllToAll, DispatchPlan, all_to_all, exchange_counts, plan_
 from .experiments import (
     MoETrainResult,
     benchmark_layer,
+    benchmark_layer_sweep,
     load_imbalance,
     measure_drop_rates,
     train_expert_parallel,
@@ -40,7 +41,8 @@ from .router import (
 
 __all__ = [
     "LOCAL", "Admission", "AllToAll", "DispatchPlan", "MoEConfig", "MoEGPT", "MoELayer",
-    "MoETrainResult", "Routing", "admit", "all_to_all", "benchmark_layer", "check_moe",
+    "MoETrainResult", "Routing", "admit", "all_to_all", "benchmark_layer",
+    "benchmark_layer_sweep", "check_moe",
     "exchange_counts", "expert_capacity", "load_balancing_loss", "load_imbalance",
     "measure_drop_rates", "plan_dispatch", "sum_replicated_grads", "top_k_route",
     "train_expert_parallel", "train_moe",

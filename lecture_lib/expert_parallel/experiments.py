@@ -6,7 +6,8 @@
 * :func:`load_imbalance`: busiest expert over the mean.
 * :func:`measure_drop_rates`: fraction of slots dropped against the capacity factor.
 * :func:`benchmark_layer`: the phases of one layer's forward timed on real ranks
-  (the layer's opt-in :class:`metrics.Timer`), with its split sizes and bytes.
+  (the layer's opt-in :class:`metrics.Timer`), with its split sizes and bytes;
+  :func:`benchmark_layer_sweep` does it for several world sizes, with progress.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..comm import LOCAL
 from ..launch import device, run
 from ..metrics import Timer
 from ..models import GPTConfig, MarkovText, TrainResult, make_optimizer, shard
+from ..progress import progress
 from .layer import MoEGPT, MoELayer, sum_replicated_grads
 from .router import MoEConfig, check_moe
 
@@ -150,8 +152,26 @@ def benchmark_layer(world_size: int, tokens: int = 4096, d_model: int = 128, d_f
     "dispatch", "experts", "combine"), the timeline ``spans`` of the last forward
     and the routing ``stats`` (split sizes, bytes sent to other ranks).
     """
+    _check_benchmark(world_size, tokens, num_experts, k, capacity_factor)
+    return run(_benchmark_rank, world_size, tokens, d_model, d_ff, num_experts, k,
+               capacity_factor, repeats, seed, timeout=timeout)
+
+
+def _check_benchmark(world_size, tokens, num_experts, k, capacity_factor) -> None:
     check_moe(num_experts, k, capacity_factor, world_size)
     if tokens % world_size:
         raise ValueError(f"tokens={tokens} is not divisible by {world_size} ranks")
-    return run(_benchmark_rank, world_size, tokens, d_model, d_ff, num_experts, k,
-               capacity_factor, repeats, seed, timeout=timeout)
+
+
+def benchmark_layer_sweep(world_sizes, tokens: int = 4096, d_model: int = 128,
+                          d_ff: int = 512, num_experts: int = 8, k: int = 1,
+                          capacity_factor: float | None = 1.25, repeats: int = 5, seed: int = 0,
+                          timeout: float = 180) -> dict[int, list[dict]]:
+    """``{p: benchmark_layer(p, ...)}`` for each ``p`` of ``world_sizes`` (all checked
+    first), one call of the ranks each, with :func:`~lecture_lib.progress.progress`."""
+    world_sizes = list(world_sizes)
+    for p in world_sizes:
+        _check_benchmark(p, tokens, num_experts, k, capacity_factor)
+    return {p: benchmark_layer(p, tokens, d_model, d_ff, num_experts, k, capacity_factor,
+                               repeats, seed, timeout)
+            for p in progress(world_sizes, "MoE layer benchmark: one world size each")}

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from ..progress import progress
 from .actions import Schedule
 from .execute import PipelineExecutor, exchange
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
@@ -172,14 +173,12 @@ def train(cfg: GPTConfig, schedule: Schedule | str, num_stages: int | None = Non
     return merge(schedule, results)
 
 
-def _train_many(schedules, cfg, batch_size, steps, kwargs):
-    return [train_stage(s, cfg, batch_size, steps, **kwargs) for s in schedules]
-
-
 def train_many(cfg: GPTConfig, schedules: list[Schedule], *, batch_size: int, steps: int = 1,
                timeout: float = 180.0, **kwargs) -> list[PipelineRun]:
-    """:func:`train` for several schedules of one pipeline depth, in one call of the ranks
-    (a warm call costs milliseconds, a cold start of 4 ranks seconds)."""
+    """:func:`train` for several schedules of one pipeline depth, all checked first, then
+    one warm call of the same ranks per schedule (milliseconds each; a cold start of 4
+    ranks costs seconds), with :func:`~lecture_lib.progress.progress`. ``timeout`` is
+    each call's."""
     if not schedules:
         raise ValueError("no schedules given")
     depths = {s.num_stages for s in schedules}
@@ -188,6 +187,7 @@ def train_many(cfg: GPTConfig, schedules: list[Schedule], *, batch_size: int, st
     for s in schedules:
         check_pipeline(cfg, s, batch_size)
     check_cost(kwargs.get("cost"))
-    per_rank = launch.run(_train_many, depths.pop(), list(schedules), cfg, batch_size, steps,
-                          kwargs, timeout=timeout)
-    return [merge(s, [r[i] for r in per_rank]) for i, s in enumerate(schedules)]
+    depth = depths.pop()
+    return [merge(s, launch.run(train_stage, depth, s, cfg, batch_size, steps, timeout=timeout,
+                                **kwargs))
+            for s in progress(list(schedules), f"pipeline: one schedule on {depth} ranks each")]

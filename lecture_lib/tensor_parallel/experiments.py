@@ -5,7 +5,8 @@
 * :func:`measure_block`: one block's collectives (counted through
   :func:`lecture_lib.comm.record_comm`) and the activations autograd keeps,
   for the sequence-parallel comparison of Korthikanti et al. 2022.
-* :func:`measure_step`: step time and the time inside collectives.
+* :func:`measure_step`: step time and the time inside collectives;
+  :func:`measure_step_scaling` runs it for several ``tp``, with progress.
 * :func:`compare_with_dtensor`: our :class:`ParallelMLP` against torch's
   DTensor tensor parallelism, outputs and time.
 
@@ -22,6 +23,7 @@ from .. import comm, models
 from ..launch import device as rank_device
 from ..launch import run
 from ..metrics import saved_tensor_bytes, wall_time
+from ..progress import progress
 from .comm import count_comm
 from .layers import ParallelMLP
 from .model import (
@@ -122,6 +124,19 @@ def measure_step(cfg: models.GPTConfig, batch_size: int, steps: int = 5, warmup:
     mid = sorted(range(steps), key=times.__getitem__)[steps // 2]
     return {"step_s": times[mid], "comm_s": in_comm[mid], "comm_share": in_comm[mid] / times[mid],
             "tokens_per_s": batch_size * cfg.seq_len / times[mid]}
+
+
+def measure_step_scaling(cfg: models.GPTConfig, batch_size: int, tps, steps: int = 5,
+                         warmup: int = 2, seed: int = 0, backend: str = "auto",
+                         timeout: float = 180) -> dict:
+    """``{tp: rank 0's measure_step(...)}`` for each ``tp`` in ``tps`` (all checked first),
+    one call of ``tp`` ranks each, with :func:`~lecture_lib.progress.progress`."""
+    tps = list(tps)
+    for tp in tps:
+        check_tensor_parallel(cfg, tp)
+    return {tp: run(measure_step, tp, cfg, batch_size, steps, warmup, seed, backend=backend,
+                    timeout=timeout)[0]
+            for tp in progress(tps, "tensor-parallel step time: one tp each")}
 
 
 def _fwd_bwd(module, x):
