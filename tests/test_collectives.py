@@ -161,6 +161,16 @@ def test_bandwidth_sweep_reports_nccl_tests_definitions_and_fits():
                                                        for i in ("torch", "ring")}
 
 
+def test_measure_bandwidth_checks_first_then_gives_the_sweeps_rows_in_its_order():
+    with pytest.raises(ValueError, match="kind must be"):       # before any process starts
+        C.measure_bandwidth(2, [1024], kinds=("broadcast",))
+    rows = C.measure_bandwidth(2, [4096, 1 << 12], ("all_reduce", "all_gather"), ("torch",),
+                               repeats=1, timeout=120)
+    assert [(r["kind"], r["impl"], r["world_size"]) for r in rows] == (
+        [("all_reduce", "torch", 2)] * 2 + [("all_gather", "torch", 2)] * 2)
+    assert all(r["seconds"] > 0 and r["bytes"] == 4096 for r in rows)
+
+
 def test_fit_sweep_recovers_alpha_and_beta_per_collective():
     truth = {("all_reduce", "ring", 4): (2e-3, 1e8), ("all_gather", "torch", 2): (5e-4, 3e8)}
     rows = [{"kind": k, "impl": i, "world_size": p, "bytes": n, "seconds": a + n / b}

@@ -217,6 +217,14 @@ def test_benchmark_layer_times_every_phase_and_counts_bytes():
         assert {kind for kind, *_ in r["spans"]} == set(r["seconds"])
 
 
+def test_benchmark_layer_sweep_checks_every_world_size_before_starting():
+    with pytest.raises(ValueError, match="divisible by 4 ranks"):
+        ep.benchmark_layer_sweep((1, 4), tokens=66)
+    res = ep.benchmark_layer_sweep((1,), tokens=64, d_model=8, d_ff=16, num_experts=2,
+                                   repeats=1, timeout=60)
+    assert list(res) == [1] and set(res[1][0]["seconds"]) >= {"route", "experts"}
+
+
 def _recorded_forward():
     layer = ep.MoELayer(D, F, 4, 1, None, seed=0)
     g = torch.Generator().manual_seed(dist.get_rank())

@@ -1,6 +1,7 @@
 """lecture_lib.progress: plain lines outside a kernel, a widget bar inside one, overrides."""
 import pytest
 
+from lecture_lib import debugging
 from lecture_lib import progress as pg
 
 
@@ -49,3 +50,15 @@ def test_bar_mode_draws_and_completes_a_widget(monkeypatch):
 def test_describe_estimates_time_left():
     assert pg.describe("x", 1, 4, 10.0) == "x: 1/4 after 10 s, about 30 s left"
     assert pg.describe("x", 2, None, 300.0) == "x: 2 after 5.0 min"
+
+
+def test_a_wired_experiment_reports_its_rounds_and_keeps_its_results(capsys, monkeypatch):
+    monkeypatch.setenv(pg.ENV, "lines")
+    monkeypatch.setattr(pg, "LINE_INTERVAL", 0.0)             # every step prints
+    configs = [dict(steps=1), dict(steps=2), dict(steps=3)]
+    runs = debugging.sweep(configs, world_size=2, timeout=120)  # 2 rounds: 2 runs, then 1
+    assert [len(r["losses"]) for r in runs] == [1, 2, 3]        # in the order of configs
+    assert runs[0]["losses"] == pytest.approx(debugging.train_gpt(steps=1)["losses"], rel=1e-6)
+    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith("sweep:")]
+    assert lines[0].startswith("sweep: 3 runs, 2 at a time: 0/2")
+    assert lines[-1].startswith("sweep: 3 runs, 2 at a time: 2/2") and len(lines) == 3

@@ -208,6 +208,13 @@ def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message
                                      sequence_parallel=True)
     with pytest.raises(ValueError, match="tensor-parallel size"):
         tp_lib.train_tensor_parallel(CFG, 0, 1)
+    with pytest.raises(ValueError, match=message):             # every tp checked first
+        tp_lib.measure_step_scaling(cfg, 4, (1, 4))
+
+
+def test_measure_step_scaling_gives_rank_0s_step_per_tp():
+    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=0, timeout=120)
+    assert list(out) == [2] and out[2]["step_s"] > 0 and 0 <= out[2]["comm_share"] <= 1
 
 
 def _bad_layers():
