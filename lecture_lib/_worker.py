@@ -8,9 +8,12 @@ event loop ticks every 10 ms, and closing each connection waits for a
 tick), more than the rest of a warm call, so the default group is kept from
 one call to the next unless the call could have left something in it:
 
-* a call that sent or received point to point (a message left unreceived
-  would reach the next call) gets a fresh default group afterwards, as does
-  one that needs a longer timeout than the group has;
+* after a call in which any rank sent or received point to point (a message
+  left unreceived would reach the next call) the next call gets a fresh
+  default group, as does one that needs a longer timeout than the group has.
+  Each rank tells the pool whether it did, and the pool tells every rank at the
+  next call: no collective runs after the function, so a rank that finished
+  never meets a peer still stuck in the function (a planted hang stays a hang);
 * the process groups a call created are destroyed after it;
 * the default dtype, grad mode and ``torch.distributed``'s functions are restored.
 
@@ -64,13 +67,15 @@ def _watch_point_to_point() -> None:
         setattr(dist.ProcessGroup, name, flagging(getattr(dist.ProcessGroup, name)))
 
 
-def _join_group(store, call_id, rank, world_size, backend, timeout) -> None:
-    """Make sure the default group exists and waits at least ``timeout`` (+60 s) in a collective.
+def _join_group(store, call_id, rank, world_size, backend, timeout, fresh) -> None:
+    """Make sure the default group exists and waits at least ``timeout`` (+60 s) in a collective;
+    a new one when ``fresh`` (the pool's word: some rank used point to point last call).
 
-    Every rank decides alike: all have served the same calls with the same timeouts.
+    Every rank decides alike: all have served the same calls with the same timeouts, and the
+    pool sends all of them the same ``fresh``.
     """
     needed = timeout + 60
-    if dist.is_initialized() and _GROUP["timeout"] >= needed:
+    if dist.is_initialized() and not fresh and _GROUP["timeout"] >= needed:
         return
     _leave_group()
     dist.init_process_group(backend, store=dist.PrefixStore(f"call{call_id}", store),
@@ -85,16 +90,9 @@ def _leave_group() -> None:
     _GROUP["timeout"] = 0.0
 
 
-def _end_call(backend: str) -> None:
-    """Wait for every rank, then destroy the groups this call created; all of them if any
-    rank sent or received point to point (the ranks decide together)."""
-    flag = torch.tensor([float(_GROUP["point_to_point"])], dtype=torch.float32,
-                        device="cuda" if backend == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)      # also the end-of-call barrier
-    _GROUP["point_to_point"] = False
-    if flag.item() > 0:
-        _leave_group()
-        return
+def _end_call() -> None:
+    """Destroy the process groups this call created (a local act: no collective, so a rank that
+    finished early does not meet a peer still inside the function)."""
     # torch keeps the registry private; destroy_process_group(g) is the public way out
     made = [g for g in distributed_c10d._world.pg_names if g is not dist.group.WORLD]
     for group in reversed(made):
@@ -102,7 +100,7 @@ def _end_call(backend: str) -> None:
 
 
 def _call(conn, store, rank, world_size, backend, message):
-    call_id, payload, path, cwd, timeout = message
+    call_id, payload, path, cwd, timeout, fresh = message
     for p in path:
         if p not in sys.path:
             sys.path.append(p)
@@ -114,11 +112,13 @@ def _call(conn, store, rank, world_size, backend, message):
     dtype, grad, dist_attrs = torch.get_default_dtype(), torch.is_grad_enabled(), dict(vars(dist))
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
-        _join_group(store, call_id, rank, world_size, backend, timeout)
+        _join_group(store, call_id, rank, world_size, backend, timeout, fresh)
+        _GROUP["point_to_point"] = False
         result = fn(*args, **kwargs)
-        conn.send(("returned", None))      # so a timeout can tell who was still in fn
-        vars(dist).update(dist_attrs)      # the barrier and clean-up below use the real ones
-        _end_call(backend)
+        # so a timeout can tell who was still in fn; and whether the next call needs a new group
+        conn.send(("returned", _GROUP["point_to_point"]))
+        vars(dist).update(dist_attrs)      # the clean-up below uses the real functions
+        _end_call()
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()

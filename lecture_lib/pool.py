@@ -57,6 +57,7 @@ class WorkerPool:
     def __init__(self, world_size: int, backend: str):
         self.world_size, self.backend = world_size, backend
         self.calls = 0
+        self.fresh_group = False       # some rank used point to point in the last call
         self.dir = tempfile.mkdtemp(prefix="lecture_lib_")
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.procs, self.conns, self.logs, self.offsets = [], [], [], []
@@ -148,7 +149,8 @@ class WorkerPool:
 
     def call(self, payload: bytes, timeout: float) -> list:
         self.calls += 1
-        message = (self.calls, payload, list(sys.path), os.getcwd(), timeout)
+        message = (self.calls, payload, list(sys.path), os.getcwd(), timeout, self.fresh_group)
+        self.fresh_group = False
         for conn in self.conns:
             conn.send(message)
         results, pending, returned = {}, dict(enumerate(self.conns)), set()
@@ -158,8 +160,7 @@ class WorkerPool:
             if not ready:
                 stacks = self._dump_stacks(set(pending) - returned)
                 for rank in returned & set(pending):
-                    stacks[rank] = ("finished: fn returned; waiting at the end-of-call barrier "
-                                    "for the other ranks")
+                    stacks[rank] = "finished: fn returned; the other ranks had not"
                 raise RankTimeout(timeout, stacks)
             for rank in [r for r, c in pending.items() if c in ready]:
                 try:
@@ -167,8 +168,9 @@ class WorkerPool:
                 except EOFError:
                     code = self.procs[rank].wait()
                     raise RankError(rank, f"worker process died (exit code {code})") from None
-                if status == "returned":
+                if status == "returned":         # value: did this rank use point to point
                     returned.add(rank)
+                    self.fresh_group = self.fresh_group or bool(value)
                     continue
                 del pending[rank]
                 if status == "ok":
