@@ -38,7 +38,7 @@ render: setup
 # The linter (rules in pyproject.toml); library and exercise tests in parallel; then the notebooks one at a time, so that what they
 # measure (and assert) is not disturbed by another job on the same cores.
 test: setup
-	$(VENV)/bin/ruff check lecture_lib tests solutions examples tools
+	$(VENV)/bin/ruff check lecture_lib tests solutions exercises examples tools
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) --durations=10 --ignore=tests/browser tests
 	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
 
