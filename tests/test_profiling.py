@@ -111,6 +111,18 @@ def test_bad_schedule_is_refused_before_any_process_starts():
         profiling.profile_run("not a function", 2)
 
 
+def test_bad_emulated_profiles_are_refused_before_any_process_starts(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
+    with pytest.raises(ValueError, match="unknown emulation preset"):
+        profiling.profile_run(profiling.data_parallel_step, 2, emulate="tpu-pod")
+    with pytest.raises(ValueError, match="trace"):
+        profiling.profile_run(profiling.data_parallel_step, 2, emulate="h100-node",
+                              trace_dir="traces")
+
+
 # -- a real profile on two ranks ------------------------------------------------
 
 def _make_step(timer, batch, communicate):
@@ -208,3 +220,37 @@ def test_profile_of_the_pipeline_executor_names_its_sends_not_all_reduce():
 def test_workloads_refuse_bad_arguments():
     with pytest.raises(lecture_lib.RankError, match="sync must be"):
         lecture_lib.run(lambda: profiling.data_parallel_step(None, sync="zero"), 2, timeout=60)
+
+
+# -- the same profile in emulated time --------------------------------------------
+
+def _emulated_profiles():
+    cfg = GPTConfig(d_model=64, n_layers=2, seq_len=32, n_heads=4)
+    out = {}
+    for sync in ("flat", "bucketed"):
+        timer = Timer()
+        step = profiling.data_parallel_step(timer, 8, sync, cfg, bucket_cap_mb=0.05)
+        first, again = (profiling.profile_steps_emulated(step, "h100-node", wait=0, warmup=1,
+                                                         active=2, timer=timer)
+                        for _ in range(2))
+        out[sync] = (first, again)
+    return out
+
+
+def test_an_emulated_profile_reads_like_a_gpu_trace():
+    """In emulated time bucketed DDP's all-reduces run while backward computes, flat DDP's
+    only after it; the profile is deterministic, and the rules of thumb read it."""
+    runs = lecture_lib.run(_emulated_profiles, 2, timeout=180)
+    for rank, by_sync in enumerate(runs):
+        for sync, (first, again) in by_sync.items():
+            assert first.rank == rank and first.trace_path is None
+            assert all(e.device for e in first.events) and first.comm_kinds == {"all_reduce"}
+            assert first.steps == again.steps and first.comm_share == again.comm_share
+            assert 0 < first.comm_share <= 1 and 0 < first.busy_share < 1
+            assert "comm: all_reduce" in first.table
+            assert set(first.timer_totals) == {"compute", "optimizer",
+                                               "comm" if sync == "flat" else "wait"}
+        assert profiling.overlap_share(by_sync["flat"][0]) == 0
+        assert profiling.overlap_share(by_sync["bucketed"][0]) > 0
+    diagnosis = profiling.diagnose_run([by_sync["flat"][0] for by_sync in runs])
+    assert "all-reduce" in str(diagnosis)

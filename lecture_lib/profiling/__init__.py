@@ -11,12 +11,16 @@ a large share of the step, or the device is idle much of it.
   :func:`timeline`).
 * :mod:`.profiler`: running a step under the profiler on N ranks
   (:func:`profile_steps`, :func:`profile_run`).
+* :mod:`.emulated`: the same profile in emulated time, read from the
+  emulation's streams (:func:`profile_steps_emulated`, or ``profile_run(...,
+  emulate="h100-node")``).
 * :mod:`.diagnose`: the rules of thumb, with advice that depends on the
   communication the run did (:func:`diagnose`, :func:`diagnose_run`).
 * :mod:`.experiments`: the course's own schemes as steps to profile
   (:func:`data_parallel_step`, :func:`pipeline_step`).
 """
 from .diagnose import BUSY_SHARE_LIMIT, COMM_SHARE_LIMIT, Diagnosis, diagnose, diagnose_run
+from .emulated import profile_steps_emulated
 from .experiments import SYNCS, data_parallel_step, pipeline_step
 from .profiler import profile_run, profile_steps
 from .trace import (
@@ -37,4 +41,5 @@ from .trace import (
 __all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "SYNCS", "Diagnosis", "Event",
            "RankProfile", "classify", "comm_intervals", "comm_kinds", "covered",
            "data_parallel_step", "diagnose", "diagnose_run", "merge", "overlap_share",
-           "pipeline_step", "profile_run", "profile_steps", "read_trace", "shares", "timeline"]
+           "pipeline_step", "profile_run", "profile_steps", "profile_steps_emulated",
+           "read_trace", "shares", "timeline"]

@@ -9,6 +9,8 @@ chrome://tracing) and reduces the trace to a few numbers
 does this on N ranks. The communication share from the trace is
 cross-checked with :class:`lecture_lib.metrics.Timer` phases when the step
 times its own communication (:attr:`~.trace.RankProfile.timer_comm_share`).
+``profile_run(..., emulate="h100-node")`` profiles the same step in emulated
+time instead (:mod:`.emulated`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from .. import launch
+from ..emulate import preset
 from ..metrics import Timer
+from .emulated import profile_steps_emulated
 from .trace import RankProfile, read_trace, shares
 
 
@@ -102,21 +106,31 @@ def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3,
 
 def profile_run(make_step, world_size: int, *args, wait: int = 1, warmup: int = 1,
                 active: int = 3, trace_dir: str | None = None, timeout: float = 120,
-                **kwargs) -> list[RankProfile]:
+                emulate=None, **kwargs) -> list[RankProfile]:
     """Profile a step on ``world_size`` ranks; one :class:`RankProfile` per rank.
 
     ``make_step(timer, *args, **kwargs)`` runs on every rank, builds the model and
     returns ``step(i)``; the step may time its phases with ``timer`` (a
     :class:`lecture_lib.metrics.Timer` on the rank's device), e.g. ``with
-    timer("comm"): ...``, for the cross-check with the trace.
+    timer("comm"): ...``, for the cross-check with the trace. With ``emulate``
+    (a preset of :mod:`lecture_lib.emulate`, e.g. ``"h100-node"``) the steps run
+    under the emulation and the profile is read in emulated time
+    (:func:`~.emulated.profile_steps_emulated`; no trace file).
     """
     _check_schedule(wait, warmup, active)
     if not callable(make_step):
         raise TypeError(f"make_step must be callable, not {type(make_step).__name__}")
+    if emulate is not None:
+        emulate = preset(emulate)                  # an unknown preset fails here, not on a rank
+        if trace_dir is not None:
+            raise ValueError("an emulated profile has no torch.profiler trace: drop trace_dir")
 
     def rank_fn():
         timer = Timer(launch.device())
         step = make_step(timer, *args, **kwargs)
+        if emulate is not None:
+            return profile_steps_emulated(step, emulate, wait=wait, warmup=warmup,
+                                          active=active, timer=timer)
         return profile_steps(step, wait=wait, warmup=warmup, active=active,
                              trace_dir=trace_dir, timer=timer)
 
