@@ -143,6 +143,20 @@ def measure_step_emulated(cfg: models.GPTConfig, batch_size: int, preset="h100-n
         return measure_step(cfg, batch_size, steps, warmup, seed, group)
 
 
+def _check_scaling(cfg, batch_size, tps, steps, warmup) -> list:
+    """Every tp, the batch and the step counts, checked before any rank starts."""
+    tps = list(tps)
+    if not tps:
+        raise ValueError("tps must name at least one tensor-parallel size")
+    for tp in tps:
+        check_tensor_parallel(cfg, tp)
+    for name, value, least in (("batch_size", batch_size, 1), ("steps", steps, 1),
+                               ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, not {value!r}")
+    return tps
+
+
 def measure_step_scaling(cfg: models.GPTConfig, batch_size: int, tps, steps: int = 5,
                          warmup: int = 2, seed: int = 0, backend: str = "auto",
                          timeout: float = 180, preset=None) -> dict:
@@ -152,13 +166,7 @@ def measure_step_scaling(cfg: models.GPTConfig, batch_size: int, tps, steps: int
     ``preset`` (a preset name or an :class:`~lecture_lib.emulate.Cluster`): the steps
     run in its virtual time (:func:`measure_step_emulated`); ``None``: real time.
     """
-    tps = list(tps)
-    if not tps:
-        raise ValueError("tps must name at least one tensor-parallel size")
-    for tp in tps:
-        check_tensor_parallel(cfg, tp)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1, not {batch_size!r}")
+    tps = _check_scaling(cfg, batch_size, tps, steps, warmup)
     if preset is None:
         fn, extra, what = measure_step, (), "real time"
     else:
@@ -178,10 +186,9 @@ def measure_links(cfg: models.GPTConfig, batch_size: int, tps, presets: dict, st
         raise ValueError("presets must be a non-empty {name: preset} dict")
     clusters = {name: emulate.preset(p) for name, p in presets.items()}
     if len({(c.device, c.fp32) for c in clusters.values()}) > 1:
-        raise ValueError("measure_links compares links: the presets must share one device and fp32 mode")
-    tps = list(tps)
-    for tp in tps:
-        check_tensor_parallel(cfg, tp)
+        raise ValueError("measure_links compares links: the presets must share one device "
+                         "and fp32 mode")
+    tps = _check_scaling(cfg, batch_size, tps, steps, 0)
     out, first = {}, True
     for name, cluster in clusters.items():
         mine = [tp for tp in tps if tp > 1 or first]
