@@ -213,15 +213,16 @@ def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message
 
 
 def test_measure_step_scaling_gives_rank_0s_step_per_tp():
-    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=0, timeout=120)
+    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=1, timeout=120)
     assert list(out) == [2] and out[2]["step_s"] > 0 and 0 <= out[2]["comm_share"] <= 1
     assert out[2]["time"] == "real" and out[2]["sent_bytes"] > 0
     links = tp_lib.measure_links(CFG, 4, (2,), {"nvlink": "h100-node", "ib": "h100-ib"},
-                                 timeout=120)
+                                 steps=2, timeout=120)         # the same two steps as above
     nv, ib = links["nvlink"], links["ib"]
     assert nv[2]["time"] == "emulated H100 + NVLink" and ib[2]["time"].endswith("InfiniBand")
     assert ib[2]["comm_share"] > nv[2]["comm_share"] > 0    # virtual time: deterministic
     assert nv[2]["sent_bytes"] == ib[2]["sent_bytes"] == out[2]["sent_bytes"]
+    assert len(out[2]["losses"]) == 2
     assert nv[2]["losses"] == ib[2]["losses"] == out[2]["losses"]   # bit for bit
 
 
