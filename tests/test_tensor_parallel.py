@@ -213,8 +213,39 @@ def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message
 
 
 def test_measure_step_scaling_gives_rank_0s_step_per_tp():
-    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=0, timeout=120)
+    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=1, timeout=120)
     assert list(out) == [2] and out[2]["step_s"] > 0 and 0 <= out[2]["comm_share"] <= 1
+    assert out[2]["time"] == "real" and out[2]["sent_bytes"] > 0
+    links = tp_lib.measure_links(CFG, 4, (2,), {"nvlink": "h100-node", "ib": "h100-ib"},
+                                 steps=2, timeout=120)         # the same two steps as above
+    nv, ib = links["nvlink"], links["ib"]
+    assert nv[2]["time"] == "emulated H100 + NVLink" and ib[2]["time"].endswith("InfiniBand")
+    assert ib[2]["comm_share"] > nv[2]["comm_share"] > 0    # virtual time: deterministic
+    assert nv[2]["sent_bytes"] == ib[2]["sent_bytes"] == out[2]["sent_bytes"]
+    assert len(out[2]["losses"]) == 2
+    assert nv[2]["losses"] == ib[2]["losses"] == out[2]["losses"]   # bit for bit
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), preset="h200-node"), "unknown emulation"),
+    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), preset=3), "a name or an emulate"),
+    (lambda: tp_lib.measure_step_scaling(CFG, 0, (2,), preset="h100-ib"), "batch_size"),
+    (lambda: tp_lib.measure_step_scaling(CFG, 4, ()), "at least one"),
+    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), steps=0, preset="h100-ib"), "steps"),
+    (lambda: tp_lib.measure_links(CFG, 4, (2,), {"nv": "h100-node", "x": "nope"}),
+     "unknown emulation"),
+    (lambda: tp_lib.measure_links(CFG, 4, (2, 3), {"nv": "h100-node"}), "divisible"),
+    (lambda: tp_lib.measure_links(CFG, 4, (2,), {}), "non-empty"),
+    (lambda: tp_lib.measure_links(CFG, 4, (2,), {"h": "h100-node", "a": "a100-ib"}),
+     "one device"),
+])
+def test_emulated_scaling_rejects_bad_input_before_any_process_starts(monkeypatch, call,
+                                                                      message):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks were started")
+    monkeypatch.setattr(tp_lib.experiments, "run", no_launch)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
 
 
 def _bad_layers():

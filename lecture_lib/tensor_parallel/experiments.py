@@ -6,7 +6,10 @@
   :func:`lecture_lib.comm.record_comm`) and the activations autograd keeps,
   for the sequence-parallel comparison of Korthikanti et al. 2022.
 * :func:`measure_step`: step time and the time inside collectives;
-  :func:`measure_step_scaling` runs it for several ``tp``, with progress.
+  :func:`measure_step_scaling` runs it for several ``tp``, with progress, in
+  real time or (``preset=``) in the virtual time of :mod:`lecture_lib.emulate`
+  (:func:`measure_step_emulated`); :func:`measure_links` does that for several
+  links (NVLink inside a node against InfiniBand across nodes).
 * :func:`compare_with_dtensor`: our :class:`ParallelMLP` against torch's
   DTensor tensor parallelism, outputs and time.
 
@@ -19,7 +22,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from .. import comm, models
+from .. import comm, emulate, models
 from ..launch import device as rank_device
 from ..launch import run
 from ..metrics import saved_tensor_bytes, wall_time
@@ -111,32 +114,89 @@ def measure_step(cfg: models.GPTConfig, batch_size: int, steps: int = 5, warmup:
     model = TensorParallelGPT(models.GPT(cfg, seed), group)
     opt = models.make_optimizer(model.parameters(), "adamw")
     text = _data(cfg, 0)
-    times, in_comm = [], []
+    times, in_comm, sent, losses = [], [], [], []
     for step in range(warmup + steps):
         x, y = (t.to(dev) for t in text.batch(step, batch_size))
         with count_comm() as counter, wall_time(dev) as t:
             opt.zero_grad(set_to_none=True)
-            model(x, y).backward()
+            loss = model(x, y)
+            loss.backward()
             opt.step()
+        losses.append(loss.item())
         if step >= warmup:
             times.append(t.seconds)
             in_comm.append(counter.seconds())
+            sent.append(counter.sent_bytes())
     mid = sorted(range(steps), key=times.__getitem__)[steps // 2]
     return {"step_s": times[mid], "comm_s": in_comm[mid], "comm_share": in_comm[mid] / times[mid],
-            "tokens_per_s": batch_size * cfg.seq_len / times[mid]}
+            "tokens_per_s": batch_size * cfg.seq_len / times[mid], "sent_bytes": sent[mid],
+            "losses": losses, "time": t.time_kind}
+
+
+def measure_step_emulated(cfg: models.GPTConfig, batch_size: int, preset="h100-node",
+                          steps: int = 1, warmup: int = 0, seed: int = 0, group=None) -> dict:
+    """Inside a rank: :func:`measure_step` in the virtual time of ``preset`` (a preset name
+    or an :class:`~lecture_lib.emulate.Cluster`): every operation charged on the device's
+    roofline, every collective by its alpha-beta cost on the link the group's ranks share
+    (NVLink inside a node, InfiniBand across). Virtual time needs no warm-up."""
+    with emulate.emulated(preset):
+        return measure_step(cfg, batch_size, steps, warmup, seed, group)
+
+
+def _check_scaling(cfg, batch_size, tps, steps, warmup) -> list:
+    """Every tp, the batch and the step counts, checked before any rank starts."""
+    tps = list(tps)
+    if not tps:
+        raise ValueError("tps must name at least one tensor-parallel size")
+    for tp in tps:
+        check_tensor_parallel(cfg, tp)
+    for name, value, least in (("batch_size", batch_size, 1), ("steps", steps, 1),
+                               ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, not {value!r}")
+    return tps
 
 
 def measure_step_scaling(cfg: models.GPTConfig, batch_size: int, tps, steps: int = 5,
                          warmup: int = 2, seed: int = 0, backend: str = "auto",
-                         timeout: float = 180) -> dict:
+                         timeout: float = 180, preset=None) -> dict:
     """``{tp: rank 0's measure_step(...)}`` for each ``tp`` in ``tps`` (all checked first),
-    one call of ``tp`` ranks each, with :func:`~lecture_lib.progress.progress`."""
-    tps = list(tps)
-    for tp in tps:
-        check_tensor_parallel(cfg, tp)
-    return {tp: run(measure_step, tp, cfg, batch_size, steps, warmup, seed, backend=backend,
+    one call of ``tp`` ranks each, with :func:`~lecture_lib.progress.progress`.
+
+    ``preset`` (a preset name or an :class:`~lecture_lib.emulate.Cluster`): the steps
+    run in its virtual time (:func:`measure_step_emulated`); ``None``: real time.
+    """
+    tps = _check_scaling(cfg, batch_size, tps, steps, warmup)
+    if preset is None:
+        fn, extra, what = measure_step, (), "real time"
+    else:
+        cluster = emulate.preset(preset)              # a bad preset fails here
+        fn, extra, what = measure_step_emulated, (cluster,), emulate.label(cluster)
+    return {tp: run(fn, tp, cfg, batch_size, *extra, steps, warmup, seed, backend=backend,
                     timeout=timeout)[0]
-            for tp in progress(tps, "tensor-parallel step time: one tp each")}
+            for tp in progress(tps, f"tensor-parallel step time ({what}): one tp each")}
+
+
+def measure_links(cfg: models.GPTConfig, batch_size: int, tps, presets: dict, steps: int = 1,
+                  timeout: float = 180) -> dict:
+    """``{name: {tp: row}}``: :func:`measure_step_scaling` in the virtual time of each
+    ``presets[name]`` (all checked first). One rank sends nothing, so ``tp = 1`` runs once,
+    on the first preset, and is shared (the presets must share their device)."""
+    if not isinstance(presets, dict) or not presets:
+        raise ValueError("presets must be a non-empty {name: preset} dict")
+    clusters = {name: emulate.preset(p) for name, p in presets.items()}
+    if len({(c.device, c.fp32) for c in clusters.values()}) > 1:
+        raise ValueError("measure_links compares links: the presets must share one device "
+                         "and fp32 mode")
+    tps = _check_scaling(cfg, batch_size, tps, steps, 0)
+    out, first = {}, True
+    for name, cluster in clusters.items():
+        mine = [tp for tp in tps if tp > 1 or first]
+        out[name] = measure_step_scaling(cfg, batch_size, mine, steps, 0, timeout=timeout,
+                                         preset=cluster) if mine else {}
+        first = False
+    one = next(iter(out.values())).get(1)
+    return {name: {tp: one if tp == 1 else rows[tp] for tp in tps} for name, rows in out.items()}
 
 
 def _fwd_bwd(module, x):
