@@ -58,6 +58,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from . import zygote
 from .pool import RankError, RankTimeout, WorkerPool
 
 __all__ = ["run", "device", "choose_backend", "shutdown", "worker_pids", "torchrun_main",
@@ -114,10 +115,12 @@ def _get_pool(world_size: int, backend: str) -> WorkerPool:
 
 
 def shutdown() -> None:
-    """Kill every warm worker (called at exit; call it yourself to free memory)."""
+    """Kill every warm worker and stop the zygote that forks them (called at exit; call it
+    yourself to free memory)."""
     with _LOCK:
         while _POOLS:
             _POOLS.popitem()[1].close()
+        zygote.shutdown()
 
 
 atexit.register(shutdown)

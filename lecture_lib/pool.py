@@ -1,8 +1,9 @@
 """The warm pool behind :func:`lecture_lib.run`: worker processes and one call to them.
 
 A :class:`WorkerPool` starts ``world_size`` processes (``python -m
-lecture_lib._worker``), each joined to the caller by a socket pair, and
-hosts the TCPStore through which they rendezvous. :meth:`WorkerPool.call`
+lecture_lib._worker``, forked by :mod:`lecture_lib.zygote` after one import of
+torch, or fresh interpreters where it is off), each joined to the caller by a
+socket pair, and hosts the TCPStore through which they rendezvous. :meth:`WorkerPool.call`
 sends every rank the same pickled function and collects the replies: a
 result, a traceback (:class:`RankError`), a death, or nothing before the
 deadline (:class:`RankTimeout`, with each stuck rank's Python stack, dumped
@@ -24,7 +25,10 @@ from multiprocessing.connection import Connection, wait
 
 import torch.distributed as dist
 
+from . import zygote
+
 START_TIMEOUT = 120.0      # seconds for a cold pool to import torch and say hello
+PER_RANK = ("LECTURE_LIB_", "RANK", "LOCAL_RANK", "WORLD_SIZE")   # not the zygote's business
 
 
 class RankError(RuntimeError):
@@ -79,13 +83,19 @@ class WorkerPool:
                    LECTURE_LIB_STACKS=self._path(rank, "stack"),
                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size))
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        log = open(self._path(rank, "log"), "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "lecture_lib._worker"], env=env,
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-            pass_fds=[theirs.fileno()], start_new_session=True)
+        forks = zygote.get({k: v for k, v in env.items() if not k.startswith(PER_RANK)})
+        if forks is not None:
+            try:
+                proc = forks.spawn(env, self._path(rank, "log"), theirs.fileno())
+            except (OSError, zygote.ZygoteError):
+                forks, proc = None, None
+        if forks is None:
+            with open(self._path(rank, "log"), "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", "-m", "lecture_lib._worker"], env=env,
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=[theirs.fileno()], start_new_session=True)
         theirs.close()
-        log.close()
         self.procs.append(proc)
         self.conns.append(Connection(ours.detach()))
         self.logs.append(self._path(rank, "log"))

@@ -1,0 +1,181 @@
+"""Starting workers in milliseconds: a zygote process that has imported torch forks them.
+
+A cold worker spends seconds importing torch (2-4 s on an idle laptop core,
+far more on a busy one), and a pool restarts its workers after every failed
+call: a grader running a stub's tests, or a notebook cell that raises, would
+pay it again and again. Like Android's zygote and Python's own
+``multiprocessing`` forkserver (whose design this follows; it cannot be used
+directly, since a worker must get its own session, log file, environment and
+the pipe it watches to die with its parent), one process per caller imports
+torch once (:mod:`lecture_lib._zygote_server`), and each worker is a ``fork``
+of it that then runs ``lecture_lib._worker`` exactly as ``python -m`` would.
+
+:meth:`Zygote.spawn` returns a :class:`ForkedWorker`, which answers what
+:class:`subprocess.Popen` answers (``pid``, ``poll``, ``wait``, ``kill``,
+``returncode``, ``stdin``); the exit codes come from the zygote, the workers'
+parent. Set ``LECTURE_LIB_ZYGOTE=0`` to start every worker as a fresh
+interpreter instead (:func:`get` then returns None).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SERVER = Path(__file__).with_name("_zygote_server.py")
+START_TIMEOUT = 120.0
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not start, or stopped answering."""
+
+
+class Zygote:
+    """One zygote process, joined to us by a SOCK_SEQPACKET socket."""
+
+    def __init__(self, env: dict):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(env, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LECTURE_ZYGOTE_FD=str(theirs.fileno()))
+        self.proc = subprocess.Popen([sys.executable, "-u", str(SERVER)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+                                     start_new_session=True)
+        theirs.close()
+        self.sock, self.exits, self.lock = ours, {}, threading.Lock()
+        try:
+            kind, threads = self._receive(START_TIMEOUT)
+        except ZygoteError:
+            self.close()
+            raise
+        if kind != "ready" or threads != 1:       # fork is safe from one thread only
+            self.close()
+            raise ZygoteError(f"the zygote has {threads} threads; it must have one to fork")
+
+    def _receive(self, timeout: float | None):
+        """The next message that is not an exit notice (those are recorded)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], left)[0]:
+                raise ZygoteError(f"the zygote did not answer within {timeout:g} s")
+            data = self.sock.recv(4096)
+            if not data:
+                raise ZygoteError("the zygote has exited")
+            message = pickle.loads(data)
+            if message[0] != "exit":
+                return message
+            self.exits[message[1]] = message[2]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spawn(self, env: dict, log_path: str, conn_fd: int) -> ForkedWorker:
+        """Fork a worker with ``env`` (its whole environment), output to ``log_path``, and
+        ``conn_fd`` (a socket to its pool) as ``LECTURE_LIB_FD``."""
+        read_end, write_end = os.pipe()
+        try:
+            with self.lock:
+                request = pickle.dumps((env, log_path, os.getcwd()))
+                socket.send_fds(self.sock, [request], [conn_fd, read_end])
+                kind, pid = self._receive(START_TIMEOUT)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return ForkedWorker(self, pid, os.fdopen(write_end, "wb", buffering=0))
+
+    def exit_code(self, pid: int, block: bool) -> int | None:
+        """``pid``'s exit code, waiting for it when ``block``; None while it runs."""
+        with self.lock:
+            while pid not in self.exits:
+                wait = None if block else 0.0
+                if not select.select([self.sock], [], [], wait)[0]:
+                    return None
+                data = self.sock.recv(4096)
+                if not data:                       # the zygote died: ask the kernel instead
+                    return _gone_code(pid, block)
+                kind, *rest = pickle.loads(data)
+                if kind == "exit":
+                    self.exits[rest[0]] = rest[1]
+            return self.exits.pop(pid)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _gone_code(pid: int, block: bool) -> int | None:
+    """Without the zygote a worker's exit code is lost: -9 once it has gone."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return -9
+        if not block:
+            return None
+        time.sleep(0.01)
+
+
+class ForkedWorker:
+    """A worker forked by a :class:`Zygote`, with the part of ``Popen``'s interface we use."""
+
+    def __init__(self, zygote: Zygote, pid: int, stdin):
+        self.zygote, self.pid, self.stdin, self.returncode = zygote, pid, stdin, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid, block=False)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid, block=True)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+_ZYGOTE: list[Zygote] = []
+_LOCK = threading.Lock()
+
+
+def get(env: dict) -> Zygote | None:
+    """This process's zygote (started on first use with ``env``), or None when it is turned
+    off (``LECTURE_LIB_ZYGOTE=0``) or cannot start: callers then start interpreters."""
+    if os.environ.get("LECTURE_LIB_ZYGOTE", "1") == "0":
+        return None
+    with _LOCK:
+        if _ZYGOTE and not _ZYGOTE[0].alive():
+            _ZYGOTE.pop().close()
+        if not _ZYGOTE:
+            try:
+                _ZYGOTE.append(Zygote(env))
+            except (OSError, ZygoteError):
+                return None
+        return _ZYGOTE[0]
+
+
+def shutdown() -> None:
+    """Stop the zygote (its workers are the pools' to close)."""
+    with _LOCK:
+        while _ZYGOTE:
+            _ZYGOTE.pop().close()
