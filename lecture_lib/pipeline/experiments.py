@@ -105,20 +105,21 @@ def train_stage(schedule: Schedule, cfg: GPTConfig, batch_size: int, steps: int 
     training and ``grads`` of the first step (by full-model name), and the
     :class:`StepRecord` of every step (``activations``: count saved bytes too).
     ``layers`` splits the blocks unequally (:func:`~.stage.split_gpt`); with
-    ``preset`` (e.g. ``"h100-node"``) the whole run is emulated
-    (:func:`lecture_lib.emulate.emulated`) and the records are in emulated seconds.
+    ``preset`` (e.g. ``"a100-node"``) the training steps are emulated
+    (:func:`lecture_lib.emulate.emulated`; the model is built before, untimed) and
+    the records are in emulated seconds.
     """
     check_pipeline(cfg, schedule, batch_size, layers)
+    gpt = GPT(cfg, seed).to(launch.device())      # the whole model on every rank: not timed
+    parts = split_gpt(gpt, schedule.num_stages, schedule.chunks, layers)
+    stage_ranks = (list(ranks) if ranks is not None else
+                   dist.get_process_group_ranks(group) if group is not None else
+                   list(range(dist.get_world_size())))
+    chunks = [parts[schedule.stage(stage_ranks.index(dist.get_rank()), c)]
+              for c in range(schedule.chunks)]
+    shape = (batch_size // schedule.num_microbatches, cfg.seq_len, cfg.d_model)
+    kwargs = dict(ranks=stage_ranks, group=group, exchange=exchange)
     with emulated(preset) if preset is not None else nullcontext():
-        gpt = GPT(cfg, seed).to(launch.device())
-        parts = split_gpt(gpt, schedule.num_stages, schedule.chunks, layers)
-        stage_ranks = (list(ranks) if ranks is not None else
-                       dist.get_process_group_ranks(group) if group is not None else
-                       list(range(dist.get_world_size())))
-        chunks = [parts[schedule.stage(stage_ranks.index(dist.get_rank()), c)]
-                  for c in range(schedule.chunks)]
-        shape = (batch_size // schedule.num_microbatches, cfg.seq_len, cfg.d_model)
-        kwargs = dict(ranks=stage_ranks, group=group, exchange=exchange)
         executor = (PipelineExecutor(chunks, schedule, shape, **kwargs) if cost is None else
                     FixedCostExecutor(chunks, schedule, shape, cost, **kwargs))
         recorder = StepRecorder(activations=activations and cost is None)
