@@ -41,7 +41,14 @@ from .memory import (
                    model_state_bytes,
 )
 from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
-from .pipeline import microbatches_for_bubble, peak_microbatches, pipeline_bubble, zb_h1_bubble
+from .pipeline import (
+                   microbatches_for_bubble,
+                   peak_microbatches,
+                   pipeline_bubble,
+                   pipeline_bubble_unequal,
+                   pipeline_step_time,
+                   zb_h1_bubble,
+)
 from .planner import ContextParallelPlan, Plan, explain, plan, plan_context_parallel, rank_of
 from .steptime import (
                    A100_CLUSTER,

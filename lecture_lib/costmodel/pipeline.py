@@ -17,6 +17,20 @@ ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3) fills
 part of the ramp with weight-gradient work W; its bubble is
 ``(p - 1)(t_F + t_B - t_W)`` per rank against ``m (t_F + t_B + t_W)`` of work.
 
+Unequal stages (stage ``i`` costs ``t_i``, forward + backward of one
+micro-batch): the first micro-batch crosses every stage (``sum t_i``), then the
+slowest stage delivers one every ``max t_i``, so (GPipe and 1F1B, no message
+time)
+
+    step = (m - 1) max t_i + sum t_i,    bubble = 1 - m sum t_i / (p step)
+
+(the makespan of ``m`` identical jobs in a flow shop). It is exact for GPipe
+when every stage has the same forward:backward ratio, and for 1F1B when the
+slowest stage is the last (the one that holds the head, as in a language
+model); with equal stages it is the formula above. Balancing stages is why
+Llama 3 removes a layer from the first and the last stage (Dubey et al. 2024,
+section 3.3.2).
+
 Activations held at once (micro-batches, rank r counted from 0): GPipe all
 ``m``; 1F1B at most ``min(m, p - r)`` (Narayanan et al. 2021, section 2.2.1).
 """
@@ -40,6 +54,29 @@ def zb_h1_bubble(p: int, m: int, t_forward: float, t_backward: float, t_weight: 
     _check(p, m)
     idle = (p - 1) * max(t_forward + t_backward - t_weight, 0.0)
     return idle / (m * (t_forward + t_backward + t_weight) + idle)
+
+
+def _stage_times(stage_times) -> list[float]:
+    times = list(stage_times)
+    if not times or any(isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
+                        for t in times) or max(times) <= 0:
+        raise ValueError(f"stage_times must be numbers >= 0 (seconds per stage and "
+                         f"micro-batch), at least one > 0, not {stage_times!r}")
+    return [float(t) for t in times]
+
+
+def pipeline_step_time(stage_times, m: int) -> float:
+    """Step time of GPipe/1F1B with stage ``i`` costing ``stage_times[i]`` (forward +
+    backward of one micro-batch): ``(m - 1) max t_i + sum t_i``."""
+    times = _stage_times(stage_times)
+    _check(len(times), m)
+    return (m - 1) * max(times) + sum(times)
+
+
+def pipeline_bubble_unequal(stage_times, m: int) -> float:
+    """Idle share of that step: ``1 - m sum t_i / (p step)``; (p-1)/(m+p-1) when equal."""
+    times = _stage_times(stage_times)
+    return 1 - m * sum(times) / (len(times) * pipeline_step_time(times, m))
 
 
 def microbatches_for_bubble(p: int, bubble: float, v: int = 1) -> int:

@@ -12,7 +12,8 @@
 * :mod:`.recorder`: opt-in measurement of a step: timeline, message delays,
   activation bytes (:class:`StepRecorder`).
 * :mod:`.experiments`: what notebook 06 runs: :func:`train`, :func:`train_many`,
-  the fixed-cost mode (:class:`FixedCostExecutor`).
+  the fixed-cost mode (:class:`FixedCostExecutor`), real stages in emulated time
+  (:func:`measure_emulated_bubbles`, :func:`bubble_report`).
 * :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.
 
 Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
@@ -24,7 +25,9 @@ from .execute import PipelineExecutor, exchange
 from .experiments import (
                           FixedCostExecutor,
                           PipelineRun,
+                          bubble_report,
                           check_cost,
+                          measure_emulated_bubbles,
                           merge,
                           nap_until,
                           train,
@@ -48,6 +51,7 @@ from .validate import dependencies, messages, topological_order, validate
 __all__ = [
     "Action", "FixedCostExecutor", "NAMES", "PipelineChunk", "PipelineExecutor", "PipelineRun",
     "Schedule", "Simulation", "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of",
+    "bubble_report", "measure_emulated_bubbles",
     "busy_time", "check_cost", "check_pipeline", "check_split", "compare_with_torch",
     "dependencies", "dependency_violations", "exchange", "make_schedule", "makespan_of", "merge",
     "message_latency", "messages", "nap_until", "simulate", "split_gpt", "step_time_ratio",

@@ -7,7 +7,10 @@ and the recorder
 * starts the step's clock at a barrier of the pipeline's ranks, so every
   rank's time 0 is the same moment;
 * times every action (``metrics.Timer``, which synchronises a GPU) into a
-  timeline ``[(kind, start_s, end_s, label), ...]``;
+  timeline ``[(kind, start_s, end_s, label), ...]``; under the emulation
+  (:mod:`lecture_lib.emulate`) the timer reads the rank's virtual compute
+  stream, so the same record is in emulated seconds (``StepRecord.clock``
+  then names the emulated clock, which every rank shares);
 * notes, for every action that waits for a message, when it posted the
   receive and when the data was there (the message delay, see
   :func:`message_latency`);
@@ -21,7 +24,6 @@ and the recorder
 from __future__ import annotations
 
 import socket
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,7 +43,8 @@ class StepRecord:
     peak_activation_bytes: int = 0      # saved-tensor bytes held at once (activations=True)
     activation_bytes: dict = field(default_factory=dict)   # label -> bytes saved by its F
     waits: list = field(default_factory=list)   # [(label, posted_s, received_s)]: its receives
-    clock: tuple = ("", 0.0)            # (host, perf_counter at the step's time 0)
+    clock: tuple = ("", 0.0)            # (host, perf_counter at the step's time 0), or
+    #                                     ("emulated ...", emulated seconds at time 0)
 
 
 class StepRecorder:
@@ -63,9 +66,9 @@ class StepRecorder:
     @contextmanager
     def receiving(self, action):
         """Around the exchange that brings ``action`` its input."""
-        posted = time.perf_counter() - self.timer.t0
+        posted = self.timer.now()
         yield
-        self.waits.append((str(action), posted, time.perf_counter() - self.timer.t0))
+        self.waits.append((str(action), posted, self.timer.now()))
 
     @contextmanager
     def action(self, action, chunk):
@@ -86,8 +89,10 @@ class StepRecorder:
     def record(self, stage: int, loss: float | None) -> StepRecord:
         timeline = [(k, start, end, label)
                     for (k, start, end), label in zip(self.timer.spans, self.labels)]
+        origin = ((socket.gethostname(), self.timer.t0) if self.timer.time_kind == "real"
+                  else (self.timer.time_kind, self.timer.t0_emulated))
         return StepRecord(stage, loss, timeline, self.peak, dict(self.saved), list(self.waits),
-                          (socket.gethostname(), self.timer.t0))
+                          origin)
 
 
 # ----------------------------------------------------------------------------
@@ -107,7 +112,8 @@ def aligned(records: list[StepRecord]) -> dict:
 
     Ranks on one host share ``perf_counter`` (Linux's monotonic clock), so their
     spans are shifted onto the earliest rank's time 0; ranks on several hosts keep
-    the barrier at the start of the step as their common time 0.
+    the barrier at the start of the step as their common time 0. Emulated records
+    share the virtual clock (its "host" is the emulation's name).
     """
     return {rank: [(k, a + shift, b + shift, *rest) for k, a, b, *rest in rec.timeline]
             for (rank, rec), shift in zip(enumerate(records), _shifts(records))}

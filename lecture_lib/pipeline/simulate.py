@@ -6,7 +6,9 @@ message from another rank). Costs are those of a *whole stage* per
 micro-batch: with ``v`` chunks per rank a chunk costs 1/v of them. ``B`` costs
 ``t_backward`` and ``W`` costs ``t_weight``; a schedule without W does the
 whole backward in B, which then costs ``t_backward + t_weight``, so every
-schedule does the same total work for the same arguments.
+schedule does the same total work for the same arguments. Each cost is one
+number for every stage, or a list with one per stage (rank): unequal stages,
+as measured in emulated time, where the slowest stage sets the pace.
 
 From the timeline: the makespan (first start to last end), the bubble
 fraction ``1 - busy / (p * makespan)`` (the share of rank-time spent idle; with
@@ -78,16 +80,28 @@ def action_costs(schedule: Schedule, t_forward: float, t_backward: float,
             "B": (t_backward if schedule.split_backward else t_backward + t_weight) / v}
 
 
-def simulate(schedule: Schedule, t_forward: float, t_backward: float, t_weight: float = 0.0,
-             latency: float = 0.0) -> Simulation:
-    """Every rank's timeline under these costs (seconds per stage per micro-batch)."""
-    for name, value in (("t_forward", t_forward), ("t_backward", t_backward),
-                        ("t_weight", t_weight), ("latency", latency)):
-        if not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, not {value!r}")
-    if t_forward + t_backward + t_weight <= 0:
+def _per_stage(schedule: Schedule, **costs) -> list[dict]:
+    """:func:`action_costs` for each rank; a cost is a number or one number per rank."""
+    p, lists = schedule.num_stages, {}
+    for name, value in costs.items():
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * p
+        if len(values) != p or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                   or x < 0 for x in values):
+            raise ValueError(f"{name} must be a number >= 0 or {p} of them (one per stage), "
+                             f"not {value!r}")
+        lists[name] = values
+    if any(sum(lists[n][r] for n in lists) <= 0 for r in range(p)):
         raise ValueError("at least one of t_forward, t_backward, t_weight must be > 0")
-    cost = action_costs(schedule, t_forward, t_backward, t_weight)
+    return [action_costs(schedule, *(lists[n][r] for n in lists)) for r in range(p)]
+
+
+def simulate(schedule: Schedule, t_forward, t_backward, t_weight=0.0,
+             latency: float = 0.0) -> Simulation:
+    """Every rank's timeline under these costs (seconds per stage per micro-batch; a
+    number, or a list of one per stage)."""
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise ValueError(f"latency must be a number >= 0, not {latency!r}")
+    cost = _per_stage(schedule, t_forward=t_forward, t_backward=t_backward, t_weight=t_weight)
     deps = dependencies(schedule, synchronous_sends=False)
     end: dict = {}
     timeline: dict = {r: [] for r in range(schedule.num_stages)}
@@ -95,7 +109,7 @@ def simulate(schedule: Schedule, t_forward: float, t_backward: float, t_weight: 
         a = schedule.actions[rank][i]
         start = max((end[d] + (latency if d[0] != rank else 0.0) for d in deps[(rank, i)]),
                     default=0.0)
-        end[(rank, i)] = start + cost[a.kind]
+        end[(rank, i)] = start + cost[rank][a.kind]
         timeline[rank].append((a.kind, start, end[(rank, i)], str(a)))
     return Simulation(schedule, timeline, makespan_of(timeline), bubble_of(timeline),
                       [max(held_microbatches(schedule, r), default=0)

@@ -2,9 +2,12 @@
 
 A pipeline cuts the model's layers into ``num_stages * chunks`` contiguous
 *virtual stages* (Huang et al. 2019, "GPipe"; with ``chunks > 1`` Megatron-LM's
-interleaved layout, Narayanan et al. 2021). The first holds the token and
-position embeddings, the last the final layer norm and the head; the loss is
-computed by the executor on the last stage's logits.
+interleaved layout, Narayanan et al. 2021), equal by default; ``layers`` gives
+each its own number of blocks (an unequal split: the slowest stage then sets the
+pipeline's pace; Llama 3 takes a block off the first and the last stage to make
+room for the embedding and the head, Dubey et al. 2024, section 3.3.2). The
+first holds the token and position embeddings, the last the final layer norm
+and the head; the loss is computed by the executor on the last stage's logits.
 
 A :class:`PipelineChunk` shares its modules with the :class:`~lecture_lib.models.GPT`
 it was cut from, so parameter names are the full model's
@@ -47,9 +50,21 @@ class PipelineChunk(nn.Module):
         return self.logits(x) if self.logits is not None else x
 
 
-def check_split(n_layers: int, num_stages: int, chunks: int = 1) -> None:
-    """Clear error unless ``n_layers`` splits into ``num_stages * chunks`` equal chunks."""
+def check_split(n_layers: int, num_stages: int, chunks: int = 1, layers=None) -> None:
+    """Clear error unless ``n_layers`` splits into ``num_stages * chunks`` equal chunks, or
+    into the given ``layers`` (blocks per virtual stage, in order, each >= 1)."""
     parts = num_stages * chunks
+    if layers is not None:
+        layers = tuple(layers)
+        if len(layers) != parts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                       for n in layers):
+            raise ValueError(f"layers must give a whole number >= 1 of blocks for each of the "
+                             f"{parts} model chunks ({num_stages} stages x {chunks} chunks), "
+                             f"not {layers!r}")
+        if sum(layers) != n_layers:
+            raise ValueError(f"layers {layers!r} hold {sum(layers)} blocks, but the model has "
+                             f"{n_layers} layers")
+        return
     if parts > n_layers:
         raise ValueError(f"more pipeline stages than layers: {num_stages} stages x {chunks} "
                          f"chunks = {parts} model chunks, but the model has {n_layers} layers")
@@ -58,18 +73,21 @@ def check_split(n_layers: int, num_stages: int, chunks: int = 1) -> None:
                          f"{chunks} chunks: n_layers must be a multiple of {parts}")
 
 
-def split_gpt(gpt: GPT, num_stages: int, chunks: int = 1) -> list[PipelineChunk]:
-    """The model's virtual stages, in order (``num_stages * chunks`` of them)."""
+def split_gpt(gpt: GPT, num_stages: int, chunks: int = 1, layers=None) -> list[PipelineChunk]:
+    """The model's virtual stages, in order (``num_stages * chunks`` of them): equal ones,
+    or ``layers[s]`` blocks in virtual stage ``s`` (e.g. ``(1, 2, 2, 3)``)."""
     n = gpt.cfg.n_layers
-    check_split(n, num_stages, chunks)
-    parts, size = num_stages * chunks, n // (num_stages * chunks)
-    return [PipelineChunk(gpt, range(s * size, (s + 1) * size), s == 0, s == parts - 1)
+    check_split(n, num_stages, chunks, layers)
+    parts = num_stages * chunks
+    sizes = tuple(layers) if layers is not None else (n // parts,) * parts
+    starts = [sum(sizes[:s]) for s in range(parts + 1)]
+    return [PipelineChunk(gpt, range(starts[s], starts[s + 1]), s == 0, s == parts - 1)
             for s in range(parts)]
 
 
-def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int) -> None:
+def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int, layers=None) -> None:
     """Every check that can be made before a process starts."""
-    check_split(cfg.n_layers, schedule.num_stages, schedule.chunks)
+    check_split(cfg.n_layers, schedule.num_stages, schedule.chunks, layers)
     m = schedule.num_microbatches
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, not {batch_size!r}")
