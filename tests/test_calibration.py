@@ -93,7 +93,6 @@ def test_emulated_comparison_rejects_bad_input_before_any_process(monkeypatch, k
                                                                   match):
     def no_launch(*args, **kw):
         raise AssertionError("a process was started")
-    monkeypatch.setattr(emulated_calibration, "run", no_launch)
     monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
     args = {"cfg": EMU_SMALL, "configs": [(1, 1, 1)], "batch_size": 8, "microbatches": 2,
             **kwargs}

@@ -32,6 +32,7 @@ import math
 
 import torch
 
+from .. import launch
 from ..calibration import predict_on
 from ..costmodel.steptime import Cluster as ModelCluster
 from ..costmodel.traffic import check_optimizer
@@ -39,7 +40,7 @@ from ..hybrid import HybridConfig, check_hybrid, step_seconds, train_on_rank
 from ..models import GPTConfig
 from ..progress import progress
 from .presets import Cluster, preset
-from .session import run
+from .session import emulated
 
 EMULATED_GPT = GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_heads=4, n_layers=4)
 EMULATED_PRESET = preset("h100-node", fp32="fp32")
@@ -78,15 +79,23 @@ def check_configs(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
     return configs
 
 
+def _emulated_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int,
+                   optimizer: str, spec: Cluster) -> dict:
+    """Rank function: :func:`~lecture_lib.hybrid.train_on_rank` under the emulation; only
+    its timings come back (its parameters and the clock's timeline would cost a transfer)."""
+    with emulated(spec):
+        report = train_on_rank(cfg, par, batch_size, steps, optimizer=optimizer)
+    return {"step_seconds": report["step_seconds"]}
+
+
 def emulated_step(cfg: GPTConfig, config, batch_size: int, microbatches: int,
                   spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
                   optimizer: str = "sgd", timeout: float = 300.0) -> dict:
     """Train under the emulation; emulated seconds of the last step (the slowest rank's),
     and each phase's (the slowest rank's)."""
     par = _pipeline(config, microbatches)
-    out = run(train_on_rank, par.world_size, cfg, par, batch_size, steps, 1e-2, 0, 0,
-              optimizer, preset=spec, timeout=timeout)
-    results = [r.result for r in out]
+    results = launch.run(_emulated_rank, par.world_size, cfg, par, batch_size, steps,
+                         optimizer, preset(spec), timeout=timeout)
     phases = {k: max(r["step_seconds"][k] for r in results) for k in results[0]["step_seconds"]}
     return {"seconds": step_seconds(results), "phases": phases}
 
