@@ -92,8 +92,8 @@ def _emulated_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: in
 def emulated_step(cfg: GPTConfig, config, batch_size: int, microbatches: int,
                   spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
                   optimizer: str = "sgd", timeout: float = 300.0) -> dict:
-    """Train under the emulation; emulated seconds of the last step (the slowest rank's),
-    and each phase's (the slowest rank's)."""
+    """Train under the emulation; emulated seconds per step (the slowest rank's; the steps
+    after the first, or the first alone when ``steps`` is 1), and each phase's."""
     par = _pipeline(config, microbatches)
     results = launch.run(_emulated_rank, par.world_size, cfg, par, batch_size, steps,
                          optimizer, preset(spec), timeout=timeout)
@@ -116,10 +116,10 @@ def predict_vs_emulated(cfg: GPTConfig = EMULATED_GPT, configs=((1, 1, 1),),
         m = microbatches if config[2] > 1 else 1
         cluster = model_cluster(spec, math.prod(config))
         predicted = predict_on(cfg, config, batch_size, m, cluster, optimizer)
-        emulated = emulated_step(cfg, config, batch_size, microbatches, spec, steps,
-                                 optimizer, timeout)
+        charged = emulated_step(cfg, config, batch_size, microbatches, spec, steps,
+                                optimizer, timeout)
         rows.append({"config": config, "predicted": predicted.total,
-                     "emulated": emulated["seconds"],
-                     "error": predicted.total / emulated["seconds"] - 1,
-                     "parts": predicted.parts(), "phases": emulated["phases"]})
+                     "emulated": charged["seconds"],
+                     "error": predicted.total / charged["seconds"] - 1,
+                     "parts": predicted.parts(), "phases": charged["phases"]})
     return rows
