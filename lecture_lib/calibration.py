@@ -105,14 +105,24 @@ def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
                    efficiency=1.0, layer_overhead=overhead / share)
 
 
+def predict_on(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int,
+               microbatches: int, cluster: Cluster, optimizer: str = "adamw"):
+    """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one (dp, tp, pp)
+    run of :func:`lecture_lib.hybrid.train_hybrid` on ``cluster``: fp32 values, as the
+    course trains, and the gradient all-reduce after the pipeline, as ``hybrid`` does it."""
+    dp, tp, pp = config
+    model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * microbatches),
+                        dp_overlap=False)
+    return step_time(shape_of(cfg), model, cluster, batch_size, value_bytes=4,
+                     optimizer=optimizer)
+
+
 def predict(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int, microbatches: int,
             rate: float, overhead: float, link: Link):
-    """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one (dp, tp, pp)
-    run of the small GPT on this machine, trained in fp32 as the course's runs are."""
+    """:func:`predict_on` this machine (:func:`machine_cluster`) for the small GPT."""
     dp, tp, pp = config
-    model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * microbatches))
-    return step_time(shape_of(cfg), model, machine_cluster(rate, overhead, link, dp * tp * pp),
-                     batch_size, value_bytes=4)
+    return predict_on(cfg, config, batch_size, microbatches,
+                      machine_cluster(rate, overhead, link, dp * tp * pp))
 
 
 def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: int,

@@ -1,8 +1,13 @@
 """Calibration on this machine: the pieces, and one small end-to-end run."""
+import re
+from pathlib import Path
+
 import pytest
 
-from lecture_lib import calibration
+import lecture_lib
+from lecture_lib import calibration, emulate
 from lecture_lib.costmodel.comm import Link
+from lecture_lib.emulate import calibration as emulated_calibration
 from lecture_lib.models import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
@@ -64,3 +69,65 @@ def test_inconsistent_timings_are_an_error_not_a_negative_rate():
     """The CI once measured the 2-micro-batch run slow enough to fit a negative FLOP rate."""
     with pytest.raises(ValueError, match="inconsistent timings"):
         calibration.fit_compute(TINY, 8, 2, 0.0067, 0.0200)
+
+
+# ----------------------------------------------------------------------------
+# The cost model against the emulation (lecture_lib.emulate.calibration)
+# ----------------------------------------------------------------------------
+
+EMU_SMALL = GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_heads=4, n_layers=2)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"configs": [(1, 3, 1)]}, ValueError, "tensor-parallel|divisible|divide"),
+    ({"configs": [(1, 1, 3)]}, ValueError, "stage|layers|divide"),
+    ({"configs": [(3, 1, 1)]}, ValueError, "split over dp"),
+    ({"configs": [(1, 1)]}, ValueError, r"\(dp, tp, pp\)"),
+    ({"configs": []}, ValueError, "no configuration"),
+    ({"steps": 0}, ValueError, "steps"),
+    ({"optimizer": "lamb"}, ValueError, "optimizer"),
+    ({"spec": "tpu-pod"}, ValueError, "unknown emulation preset"),
+    ({"cfg": "gpt"}, TypeError, "GPTConfig"),
+])
+def test_emulated_comparison_rejects_bad_input_before_any_process(monkeypatch, kwargs, error,
+                                                                  match):
+    def no_launch(*args, **kw):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
+    args = {"cfg": EMU_SMALL, "configs": [(1, 1, 1)], "batch_size": 8, "microbatches": 2,
+            **kwargs}
+    with pytest.raises(error, match=match):
+        emulated_calibration.predict_vs_emulated(**args)
+
+
+def test_the_model_gets_the_presets_constants():
+    spec = emulate.preset("h100-node", fp32="fp32")
+    c = emulated_calibration.model_cluster(spec, ranks=4)
+    assert c.peak_flops == emulate.H100_SXM.fp32_flops and c.efficiency == 1.0
+    assert c.memory_bandwidth == emulate.H100_SXM.memory_bandwidth
+    assert c.intra is spec.intra and c.inter is spec.inter and c.devices >= 4
+
+
+def test_neither_side_imports_the_other():
+    """The comparison is evidence only if the model runs no emulation and the emulation's
+    charging code calls no cost-model formula (the presets share constants only)."""
+    root = Path(lecture_lib.__file__).parent
+
+    def imports(path):
+        return [line for line in path.read_text().splitlines()
+                if re.match(r"\s*(from\s+[\w.]+\s+import|import\s+[\w.]+)", line)]
+    for path in (root / "costmodel").glob("*.py"):
+        assert not [i for i in imports(path) if "emulate" in i], path
+    for name in ("clock", "compute", "comm", "p2p", "session"):
+        assert not [i for i in imports(root / "emulate" / f"{name}.py") if "costmodel" in i]
+
+
+def test_prediction_is_close_to_the_emulated_step():
+    """Deterministic (virtual time): 2 ranks as dp=2 and as tp=2; and the first step is
+    charged what the second is (SGD creates no state), so one step per configuration does."""
+    rows = emulated_calibration.predict_vs_emulated(EMU_SMALL, [(2, 1, 1), (1, 2, 1)], 8, 2)
+    for row in rows:
+        assert row["predicted"] > 0 and row["emulated"] > 0
+        assert abs(row["error"]) < 0.1, row
+    second = emulated_calibration.emulated_step(EMU_SMALL, (2, 1, 1), 8, 2, steps=2)
+    assert second["seconds"] == pytest.approx(rows[0]["emulated"], rel=1e-2)

@@ -1,8 +1,10 @@
 """The step-time model, the planner, and the GPT-3 175B example."""
+from dataclasses import replace
+
 import pytest
 
-from lecture_lib.costmodel import PRESETS, pipeline_bubble
-from lecture_lib.costmodel.comm import Link
+from lecture_lib.costmodel import PRESETS, pipeline_bubble, traffic
+from lecture_lib.costmodel.comm import Link, collective_time
 from lecture_lib.costmodel.planner import candidates, explain, plan, rank_of
 from lecture_lib.costmodel.steptime import (
     A100_CLUSTER,
@@ -92,3 +94,38 @@ def test_bad_input():
         Parallelism(inner="ep")
     with pytest.raises(ValueError, match="dp"):
         Parallelism(dp=0)
+
+
+def test_memory_bound_work_counts_only_where_the_cluster_states_a_bandwidth():
+    plain = step_time(GPT3, LECTURE, A100_CLUSTER, 1536)
+    assert plain.memory == 0 and "memory-bound ops" not in plain.parts()
+    hbm = replace(A100_CLUSTER, memory_bandwidth=2.039e12)
+    t = step_time(GPT3, LECTURE, hbm, 1536, optimizer="sgd")
+    parts = t.details["memory-bound"]
+    tokens, per_device = 1536 * 2048, GPT3.num_params / (8 * 16)
+    assert parts["optimizer"] == pytest.approx(3 * per_device * 2 / 2.039e12)
+    assert parts["gradient buffer"] == pytest.approx(6 * per_device * 2 / 2.039e12)
+    assert parts["element-wise"] == pytest.approx(
+        traffic.layer_values(8) * GPT3.hidden * tokens / 8 * (96 // 16) * 2 / 2.039e12)
+    assert t.memory == pytest.approx(sum(parts.values())) and t.parts()["memory-bound ops"]
+    assert t.compute == plain.compute and t.bubble > plain.bubble      # element-wise waits too
+
+
+def test_layer_traffic_splits_over_tensor_parallel_ranks():
+    assert traffic.layer_values(1) == 69
+    assert traffic.layer_values(2) == 30 + 39 / 2
+
+
+def test_an_all_reduce_after_the_pipeline_is_all_exposed():
+    late = replace(LECTURE, dp_overlap=False)
+    t = step_time(GPT3, late, A100_CLUSTER, 1536)
+    grads = 2 * GPT3.num_params / (8 * 16)
+    assert t.dp_comm == pytest.approx(collective_time("all_reduce", grads, 8, A100_CLUSTER.inter))
+    assert t.dp_comm >= step_time(GPT3, LECTURE, A100_CLUSTER, 1536).dp_comm
+
+
+def test_bad_optimizer_and_overlap():
+    with pytest.raises(ValueError, match="optimizer"):
+        step_time(GPT3, LECTURE, A100_CLUSTER, 1536, optimizer="lamb")
+    with pytest.raises(TypeError, match="dp_overlap"):
+        Parallelism(dp_overlap="no")

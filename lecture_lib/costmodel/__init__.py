@@ -8,6 +8,7 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
 * :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
+* :mod:`.traffic`: memory-bound work (element-wise ops, optimizer, gradient buffer) in bytes.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
@@ -67,3 +68,4 @@ from .tensor_parallel import (
                    tp_layer_flops,
                    tp_layer_time,
 )
+from .traffic import OPTIMIZER_VALUES, layer_values, memory_bound_seconds

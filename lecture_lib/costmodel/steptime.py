@@ -20,7 +20,13 @@ Megatron-LM", sections 3.1-3.3):
 * **data parallel**: one all-reduce of this device's gradients (2 bytes per
   parameter) per step, or reduce-scatter + all-gather under ZeRO-1/2 (the same
   volume), plus one more all-gather of parameters under ZeRO-3 (1.5x, the
-  ZeRO paper, section 7); it overlaps with the last micro-batch's backward.
+  ZeRO paper, section 7); it overlaps with the last micro-batch's backward
+  (or, with ``dp_overlap=False``, follows the pipeline as in :mod:`lecture_lib.hybrid`);
+* **memory-bound work**, only when the cluster states a ``memory_bandwidth``: the
+  element-wise operations of each layer (stretched by the bubble like the compute),
+  the optimizer update and the flat gradient buffer, at that bandwidth
+  (:mod:`lecture_lib.costmodel.traffic`). Large models on GPUs are dominated by
+  FLOPs, and the default (infinite bandwidth) leaves these out.
 
 Every collective is timed with the alpha-beta model of
 :mod:`lecture_lib.costmodel.comm` over the link its group really uses: ranks
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 from .comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, collective_time
 from .memory import TransformerShape
 from .pipeline import pipeline_bubble
+from .traffic import check_optimizer, memory_bound_seconds
 
 AXES = ("dp", "pp", "tp")
 RECOMPUTE_FLOPS = {"none": 1.0, "selective": 1.0, "full": 4 / 3}
@@ -54,6 +61,7 @@ class Cluster:
     layer_overhead: float = 0.0   # seconds of fixed cost per layer, micro-batch and pass
                                   # (kernel launches, Python): negligible on big GPU models,
                                   # dominant for the small GPT on a CPU
+    memory_bandwidth: float = float("inf")   # bytes/s of device memory; inf: not modelled
 
     @property
     def devices(self) -> int:
@@ -80,12 +88,15 @@ class Parallelism:
     zero_stage: int = 0
     recompute: str = "none"
     inner: str = "tp"             # the axis whose ranks are adjacent (inside a node first)
+    dp_overlap: bool = True       # the gradient all-reduce hides behind the last backward
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+        if not isinstance(self.dp_overlap, bool):
+            raise TypeError(f"dp_overlap must be True or False, not {self.dp_overlap!r}")
         if self.inner not in AXES:
             raise ValueError(f"inner must be one of {AXES}, not {self.inner!r}")
         if self.recompute not in RECOMPUTE_FLOPS:
@@ -131,15 +142,21 @@ class StepTime:
     dp_comm: float               # exposed (not hidden behind backward)
     microbatches: int
     details: dict = field(default_factory=dict)
+    memory: float = 0.0          # memory-bound work (element-wise, optimizer, grad buffer)
 
     @property
     def total(self) -> float:
-        return self.compute + self.bubble + self.tp_comm + self.pp_comm + self.dp_comm
+        return self.compute + self.bubble + self.tp_comm + self.pp_comm + self.dp_comm \
+            + self.memory
 
     def parts(self) -> dict:
-        return {"compute": self.compute, "pipeline bubble": self.bubble,
-                "tensor-parallel comm": self.tp_comm, "pipeline comm": self.pp_comm,
-                "data-parallel comm (exposed)": self.dp_comm}
+        """Seconds by part; "memory-bound ops" only where the cluster models memory."""
+        parts = {"compute": self.compute, "pipeline bubble": self.bubble,
+                 "tensor-parallel comm": self.tp_comm, "pipeline comm": self.pp_comm,
+                 "data-parallel comm (exposed)": self.dp_comm}
+        if self.memory:
+            parts["memory-bound ops"] = self.memory
+        return parts
 
 
 def microbatches(global_batch: int, par: Parallelism) -> int:
@@ -154,12 +171,14 @@ def microbatches(global_batch: int, par: Parallelism) -> int:
 
 
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
-              global_batch: int, value_bytes: int = 2) -> StepTime:
+              global_batch: int, value_bytes: int = 2, optimizer: str = "adamw") -> StepTime:
     """Modelled seconds per training step, split into its parts.
 
     ``value_bytes``: bytes of one activation or gradient value on the wire (2 for the
     16-bit training of large models, 4 for fp32 training as in the course's small runs).
+    ``optimizer`` ("adamw" or "sgd") counts only where the cluster models memory.
     """
+    check_optimizer(optimizer)
     if shape.layers % par.pp:
         raise ValueError(f"pp={par.pp} does not divide {shape.layers} layers")
     if shape.heads % par.tp:
@@ -169,7 +188,12 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     rate = cluster.peak_flops * cluster.efficiency
     compute = training_flops(shape, tokens, par.recompute) / par.devices / rate
     compute += cluster.layer_overhead * m * (shape.layers // par.pp)
-    bubble = compute * pipeline_bubble(par.pp, m) / (1 - pipeline_bubble(par.pp, m))
+    memory = {}
+    if cluster.memory_bandwidth != float("inf"):
+        memory = memory_bound_seconds(shape, par.dp, par.tp, par.pp, tokens,
+                                      cluster.memory_bandwidth, optimizer, value_bytes)
+    pipelined = compute + memory.get("element-wise", 0.0)
+    bubble = pipelined * pipeline_bubble(par.pp, m) / (1 - pipeline_bubble(par.pp, m))
 
     act_bytes = value_bytes * par.micro_batch * shape.seq_len * shape.hidden
     layers_here = shape.layers // par.pp
@@ -189,9 +213,9 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
         dp_total = collective_time("all_reduce", grad_bytes, par.dp, dp_link)
         if par.zero_stage == 3:
             dp_total *= 1.5
-        last_backward = (compute / m) * 2 / 3
+        last_backward = (pipelined / m) * 2 / 3 if par.dp_overlap else 0.0
         dp_comm = max(0.0, dp_total - last_backward)
     details = {"flops_per_device": training_flops(shape, tokens, par.recompute) / par.devices,
                "links": {a: (group_link(par, a, cluster).name if group_link(par, a, cluster)
-                             else "-") for a in AXES}}
-    return StepTime(compute, bubble, tp_comm, pp_comm, dp_comm, m, details)
+                             else "-") for a in AXES}, "memory-bound": memory}
+    return StepTime(compute, bubble, tp_comm, pp_comm, dp_comm, m, details, sum(memory.values()))

@@ -99,6 +99,13 @@ class ComputeMode(TorchDispatchMode):
         super().__init__()
         self.clock, self.cluster, self.state = clock, cluster, state
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would otherwise wrap ``__torch_dispatch__`` in ``torch._dynamo``'s
+        ``disable``, importing dynamo (seconds of CPU) in every rank on its first operation
+        and adding a call per operation. Nothing under the emulation is ``torch.compile``d."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)

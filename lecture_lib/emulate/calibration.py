@@ -1,0 +1,125 @@
+"""The closed-form cost model against the emulation: predicted vs emulated 3-D step time.
+
+The cost model (:mod:`lecture_lib.costmodel.steptime`) predicts a step of
+``dp x tp x pp`` training from formulas alone: FLOPs over a rate, bytes over
+a bandwidth, alpha-beta collectives, the 1F1B bubble; it runs no code. The
+emulation (:mod:`lecture_lib.emulate`) runs the real training of
+:mod:`lecture_lib.hybrid` and charges each operation as it happens. This
+module is the referee: it gives both the *same constants* (the preset's FLOP
+rate, memory bandwidth and links become a :class:`costmodel.Cluster
+<lecture_lib.costmodel.steptime.Cluster>`), asks each separately, and sets the
+answers side by side. Neither calls the other, so where they agree that is
+evidence for the model's formulas, and where they differ the difference names
+what the formulas leave out (Narayanan et al. 2021 model a step the same way;
+the roofline is Williams, Waterman & Patterson 2009).
+
+The run: the small GPT made wide enough that its matrix multiplies are
+compute-bound on the emulated device, as a real run's are. In fp32 (what the
+course computes in, charged at the H100's 67 TFLOP/s fp32 rate, ``fp32="fp32"``)
+the ridge of the roofline is 67 / 3.35 = 20 FLOPs per byte; a multiply of
+``M`` tokens by an ``h x h`` weight does about ``2 M h^2`` FLOPs on
+``4 (2 M h + h^2)`` bytes, over 30 FLOPs per byte for the smallest
+micro-batch here (128 tokens, ``h`` = 256). The element-wise work between the
+multiplies stays memory-bound, as on a real GPU, and the model counts it
+(:mod:`lecture_lib.costmodel.traffic`). SGD keeps the optimizer's traffic to
+what its formula says (3 values per parameter). One step per configuration:
+virtual time needs no warm-up, and with SGD (no optimizer state to create)
+the first step is charged what the second is, to within 1% (checked in
+``tests/test_calibration.py``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import launch
+from ..calibration import predict_on
+from ..costmodel.steptime import Cluster as ModelCluster
+from ..costmodel.traffic import check_optimizer
+from ..hybrid import HybridConfig, check_hybrid, step_seconds, train_on_rank
+from ..models import GPTConfig
+from ..progress import progress
+from .presets import Cluster, preset
+from .session import emulated
+
+EMULATED_GPT = GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_heads=4, n_layers=4)
+EMULATED_PRESET = preset("h100-node", fp32="fp32")
+
+
+def model_cluster(spec: str | Cluster = EMULATED_PRESET, ranks: int = 1) -> ModelCluster:
+    """The cost model's cluster built from an emulation preset's constants: the rate an
+    fp32 operation is charged at, the memory bandwidth, the links and the node size; all
+    of the peak (the emulation charges every operation at the device's full rate)."""
+    c = preset(spec)
+    nodes = max(1, math.ceil(ranks / c.gpus_per_node))
+    return ModelCluster(f"{c.label()} (the emulation's constants)", nodes, c.gpus_per_node,
+                        c.flops(torch.float32), float("inf"), c.intra, c.inter,
+                        efficiency=1.0, memory_bandwidth=c.device.memory_bandwidth)
+
+
+def _pipeline(config, microbatches: int) -> HybridConfig:
+    dp, tp, pp = config
+    return HybridConfig(dp, tp, pp, microbatches=microbatches if pp > 1 else 1)
+
+
+def check_configs(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
+                  steps: int) -> list[tuple[int, int, int]]:
+    """Every (dp, tp, pp) checked before a process starts; a clear error otherwise."""
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, not {type(cfg).__name__}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, not {steps!r}")
+    configs = [tuple(c) for c in configs]
+    if not configs:
+        raise ValueError("no configuration to compare")
+    for config in configs:
+        if len(config) != 3:
+            raise ValueError(f"a configuration is (dp, tp, pp), not {config!r}")
+        check_hybrid(cfg, _pipeline(config, microbatches), batch_size)
+    return configs
+
+
+def _emulated_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int,
+                   optimizer: str, spec: Cluster) -> dict:
+    """Rank function: :func:`~lecture_lib.hybrid.train_on_rank` under the emulation; only
+    its timings come back (its parameters and the clock's timeline would cost a transfer)."""
+    with emulated(spec):
+        report = train_on_rank(cfg, par, batch_size, steps, optimizer=optimizer)
+    return {"step_seconds": report["step_seconds"]}
+
+
+def emulated_step(cfg: GPTConfig, config, batch_size: int, microbatches: int,
+                  spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
+                  optimizer: str = "sgd", timeout: float = 300.0) -> dict:
+    """Train under the emulation; emulated seconds per step (the slowest rank's; the steps
+    after the first, or the first alone when ``steps`` is 1), and each phase's."""
+    par = _pipeline(config, microbatches)
+    results = launch.run(_emulated_rank, par.world_size, cfg, par, batch_size, steps,
+                         optimizer, preset(spec), timeout=timeout)
+    phases = {k: max(r["step_seconds"][k] for r in results) for k in results[0]["step_seconds"]}
+    return {"seconds": step_seconds(results), "phases": phases}
+
+
+def predict_vs_emulated(cfg: GPTConfig = EMULATED_GPT, configs=((1, 1, 1),),
+                        batch_size: int = 16, microbatches: int = 4,
+                        spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
+                        optimizer: str = "sgd", timeout: float = 300.0) -> list[dict]:
+    """For each (dp, tp, pp): the cost model's seconds per step on the preset's constants
+    and the emulated seconds of the same training, their relative error
+    ``(predicted - emulated) / emulated``, the model's parts and the emulated phases."""
+    configs = check_configs(cfg, configs, batch_size, microbatches, steps)
+    check_optimizer(optimizer)
+    spec = preset(spec)
+    rows = []
+    for config in progress(configs, "predicted vs emulated: train each (dp, tp, pp)"):
+        m = microbatches if config[2] > 1 else 1
+        cluster = model_cluster(spec, math.prod(config))
+        predicted = predict_on(cfg, config, batch_size, m, cluster, optimizer)
+        charged = emulated_step(cfg, config, batch_size, microbatches, spec, steps,
+                                optimizer, timeout)
+        rows.append({"config": config, "predicted": predicted.total,
+                     "emulated": charged["seconds"],
+                     "error": predicted.total / charged["seconds"] - 1,
+                     "parts": predicted.parts(), "phases": charged["phases"]})
+    return rows
