@@ -3,8 +3,9 @@
 :func:`ddp_step` (a rank function) trains the course's GPT with one of the
 course's data-parallel wrappers under the emulation and splits each step's
 emulated time into forward, backward, communication and optimizer, with the
-timeline of the last step and, per bucket, when its gradients were ready and its bytes. :func:`measure_ddp` runs it on fresh ranks for
-several variants and bucket sizes. :func:`emulation_overhead` measures what
+timeline of the last step and, per bucket, when its gradients were ready and
+its bytes (exercise 14 predicts the step from them). :func:`measure_ddp` runs
+it on fresh ranks for several variants and bucket sizes. :func:`emulation_overhead` measures what
 the emulation costs in *real* time: the same steps with and without it,
 alternated on the same ranks.
 
