@@ -27,29 +27,13 @@ on a stream of their own. Predict how long one step takes.
    done. Return the step's seconds. ``ValueError`` when the two lists differ
    in length or are empty, or any time or size is negative.
 
-The closed form of notebook 02b, and when it holds. Write ``F``, ``B`` (the
-sum of ``backward_per_bucket``), ``c_i`` the all-reduce of bucket ``i``,
-``C = sum c_i``, ``c_last`` the last one, ``O`` the optimizer, ``r_i`` the
-ready time of bucket ``i`` (``r_last = F + B``). The communication stream is
-a queue, so the last all-reduce ends at ``max_i (r_i + c_i + ... + c_last)``
-(some bucket ``i`` starts a busy stretch that lasts to the end), and
-
-    T_step = max_i (r_i + c_i + ... + c_last) + O.
-
-The ``i = last`` term is ``F + B + c_last``; the ``i = 0`` term is
-``r_0 + C >= F + C``. Keeping only these two gives
-
-    T_step >= F + max(B, C - c_last) + c_last + O      (Li et al.'s model)
-
-which is therefore a lower bound, and T_step <= F + B + C + O (no overlap).
-It is exact when the ``i = last`` term is the largest, i.e. backward-bound:
-the all-reduces of buckets ``i..last-1`` fit in the backward of buckets
-``i+1..last`` for every ``i``; then only the last bucket is exposed,
-T_step = F + B + c_last + O. When the stream never idles from the first bucket
-on (communication-bound), T_step = F + b_0 + C + O: the model misses the
-first bucket's backward ``b_0``. In between, a backward-heavy start followed by
-communication-heavy buckets can put it below T_step by up to
-``min(B, C - c_last)``.
+3. On paper: notebook 02b reads the emulated step against Li et al.'s closed form
+   ``T ~= T_fwd + max(T_bwd, T_comm - T_last) + T_last + T_opt`` (``T_comm`` all
+   the all-reduces, ``T_last`` the last bucket's). Write the end of the last
+   all-reduce in closed form (the communication stream is a queue), then say:
+   can the step be shorter than this formula? When is the formula exact, and
+   by how much can it be off? (The tests check your step against the queue's
+   closed form, by-hand cases and the emulation itself, within 5%.)
 """
 
 
