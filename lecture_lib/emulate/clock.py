@@ -17,7 +17,7 @@ is when this rank's compute stream is done so far; ``synchronize()`` waits
 for both streams (``torch.cuda.synchronize``). ``spans`` is the timeline,
 ``[(kind, start, end, text), ...]``, with adjacent compute of one kind merged;
 ``issued`` lists each collective as ``(kind, compute time at issue, bytes)``: when
-its data was ready, which its span's start (when the stream was free too) hides.
+its data was ready (its span starts later when the stream was still busy).
 
 Times depend only on what the program does (shapes, sizes, the order of
 operations), never on a real clock, so they are the same on a busy and an

@@ -5,9 +5,9 @@ course's data-parallel wrappers under the emulation and splits each step's
 emulated time into forward, backward, communication and optimizer, with the
 timeline of the last step and, per bucket, when its gradients were ready and
 its bytes (exercise 14 predicts the step from them). :func:`measure_ddp` runs
-it on fresh ranks for several variants and bucket sizes. :func:`emulation_overhead` measures what
-the emulation costs in *real* time: the same steps with and without it,
-alternated on the same ranks.
+it on fresh ranks for several variants and bucket sizes.
+:func:`emulation_overhead` measures what the emulation costs in *real* time:
+the same steps with and without it, alternated on the same ranks.
 
 The step-time model the figures are read against (Li et al. 2020, "PyTorch
 Distributed", section 3.2.3; the bucketed all-reduce overlaps with the rest
