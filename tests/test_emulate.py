@@ -101,7 +101,7 @@ def _async_overlap(n, m):
         a @ a
         t_issue = clock.now()
         work.wait()
-    return t_issue, clock.now()
+    return t_issue, clock.now(), clock.issued
 
 
 def _send_recv(n, m):
@@ -133,9 +133,10 @@ def test_collectives_and_messages_on_four_ranks():
         assert out.clock.calls_by_kind == {"all_reduce": 1}
     matmul = _matmul_seconds(m, H100.device.fp32_flops)       # 32 us, longer than the ring
     assert matmul > ring
-    for t_issue, t_end in lecture_lib.run(_async_overlap, p, n, m, timeout=120):
+    for t_issue, t_end, issued in lecture_lib.run(_async_overlap, p, n, m, timeout=120):
         _close(t_issue, matmul)                 # the matmul did not wait for the network
         _close(t_end, max(ring, matmul))
+        assert issued == [("all_reduce", 0.0, n)]   # issued with its data ready at 0
     matmul = _matmul_seconds(m)
     (t0, _), (t1, last) = lecture_lib.run(_send_recv, 2, n, m, timeout=120)
     _close(t0, matmul + IB.alpha + n / IB.beta)

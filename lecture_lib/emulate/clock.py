@@ -15,7 +15,9 @@ rank's :class:`Clock` keeps two such timelines, in seconds of emulated time:
 ``work.wait()`` does on a GPU (a CUDA stream waiting on an event). ``now()``
 is when this rank's compute stream is done so far; ``synchronize()`` waits
 for both streams (``torch.cuda.synchronize``). ``spans`` is the timeline,
-``[(kind, start, end, text), ...]``, with adjacent compute of one kind merged.
+``[(kind, start, end, text), ...]``, with adjacent compute of one kind merged;
+``issued`` lists each collective as ``(kind, compute time at issue, bytes)``: when
+its data was ready (its span starts later when the stream was still busy).
 
 Times depend only on what the program does (shapes, sizes, the order of
 operations), never on a real clock, so they are the same on a busy and an
@@ -46,6 +48,7 @@ class Clock:
     comm_bytes: float = 0.0             # bytes of the buffers of the collectives/messages
     bytes_by_kind: dict = field(default_factory=dict)   # {"all_gather": bytes, "send": ...}
     calls_by_kind: dict = field(default_factory=dict)
+    issued: list = field(default_factory=list)          # (kind, compute time, bytes) per call
     kind: str = "compute"               # the kind new compute is charged as
     _pending: list = field(default_factory=list, repr=False)   # resolvers of async clocks
 

@@ -172,6 +172,7 @@ def _collective(state: State, name: str, args, kwargs):
     kind = _KIND.get(name, name)
     nbytes = _size(name, a, ranks.index(state.rank))
     clock.resolve()                        # the previous collectives' ends fix this start
+    clock.issued.append((kind, clock.compute, nbytes))
     local = max(clock.compute, clock.comm)
     cost = collective_seconds(kind, nbytes, p, state.cluster.link(ranks))
     agree = None

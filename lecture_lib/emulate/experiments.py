@@ -3,10 +3,11 @@
 :func:`ddp_step` (a rank function) trains the course's GPT with one of the
 course's data-parallel wrappers under the emulation and splits each step's
 emulated time into forward, backward, communication and optimizer, with the
-timeline of the last step. :func:`measure_ddp` runs it on fresh ranks for
-several variants and bucket sizes. :func:`emulation_overhead` measures what
-the emulation costs in *real* time: the same steps with and without it,
-alternated on the same ranks.
+timeline of the last step and, per bucket, when its gradients were ready and
+its bytes (exercise 14 predicts the step from them). :func:`measure_ddp` runs
+it on fresh ranks for several variants and bucket sizes.
+:func:`emulation_overhead` measures what the emulation costs in *real* time:
+the same steps with and without it, alternated on the same ranks.
 
 The step-time model the figures are read against (Li et al. 2020, "PyTorch
 Distributed", section 3.2.3; the bucketed all-reduce overlaps with the rest
@@ -51,6 +52,7 @@ def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock 
         x, y = shard(data.batch(step, batch_per_rank * world), rank, world)
         if clock is not None:
             start, totals, first_span = clock.synchronize(), dict(clock.totals), len(clock.spans)
+            first_issue = len(clock.issued)
         wrapped.on_train_batch_start()
         opt.zero_grad(set_to_none=True)
         with phase("forward"):
@@ -69,8 +71,16 @@ def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock 
                      "backward": delta.get("backward", 0.0), "comm": delta.get("comm", 0.0),
                      "optimizer": delta.get("optimizer", 0.0),
                      "last_bucket": comm[-1][2] - comm[-1][1] if comm else 0.0,
-                     "collectives": len(comm), "spans": spans}
+                     "collectives": len(comm), "spans": spans,
+                     **_buckets(clock.issued[first_issue:], start)}
     return split
+
+
+def _buckets(issued, start) -> dict:
+    """Per gradient all-reduce of the step (one per bucket): when its gradients were ready
+    (the compute stream's time at issue, from the step's start) and its bytes."""
+    mine = [(t - start, n) for kind, t, n in issued if kind == "all_reduce"]
+    return {"bucket_ready": [t for t, _ in mine], "bucket_bytes": [n for _, n in mine]}
 
 
 class _Null:
