@@ -254,10 +254,10 @@ def measure_step_time_emulated(make_model, batches, cases=STEP_CASES, steps: int
     step: communication that ran while the rank computed) and the ``calls`` and
     ``bytes`` (full buffers) of each kind of collective. Also ``"world_size"``.
     """
-    rank, world = group_info(group, required=True)
     unknown = [c for c in cases if c not in STEP_CASES]
     if unknown:
         raise ValueError(f"unknown cases {unknown}; known: {STEP_CASES}")
+    rank, world = group_info(group, required=True)
     out = {"world_size": world}
     for case in cases:
         out[case] = _emulated_step(case, make_model, batches, steps, preset, group, rank, world)
