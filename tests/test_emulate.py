@@ -15,6 +15,7 @@ from lecture_lib import data_parallel as DP
 from lecture_lib import emulate, metrics, plots
 from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
+from lecture_lib.emulate import experiments
 from lecture_lib.expert_parallel import MoEConfig, train_moe
 from lecture_lib.hybrid import HybridConfig, train_on_rank
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
@@ -385,3 +386,35 @@ def test_a_copy_reads_its_source_and_writes_its_destination():
     with emulate.emulated("h100-node") as clock:
         dst.copy_(src)
     _close(clock.now(), 2 * 4 * (1 << 20) / BW)
+
+
+# ----------------------------------------------------------------------------
+# Weak scaling (emulate.experiments.measure_weak_scaling)
+# ----------------------------------------------------------------------------
+
+TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
+
+
+def test_weak_scaling_charges_the_ring_formula_and_equals_a_world_of_p():
+    one, two = experiments.measure_weak_scaling([1, 2], TINY, 2, 0.01)
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["collectives"] == 0 and one["comm"] == 0.0
+    assert sum(two["bucket_bytes"]) == two["grad_bytes"]
+    assert two["collectives"] == len(two["bucket_bytes"])
+    ring = sum(2 * (2 - 1) * NV.alpha + 2 * (2 - 1) / 2 * n / NV.beta for n in two["bucket_bytes"])
+    _close(two["comm"], ring, rel=1e-9)
+    for r in (one, two):
+        assert r["tokens_per_s"] == r["world_size"] * r["tokens_per_rank"] / r["step"]
+    # the first p ranks of a bigger world time exactly as a world of p ranks
+    world = experiments.measure_ddp([{"variant": "bucketed", "bucket_size_mb": 0.01}], 2, TINY, 2,
+                                    steps=1)[0]
+    assert world["step"] == two["step"] and world["spans"] == two["spans"]
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [1, 2.5], "4", [True]])
+def test_weak_scaling_refuses_bad_world_sizes_before_any_process(monkeypatch, sizes):
+    monkeypatch.setattr(experiments.launch, "run", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(ValueError, match="world_sizes"):
+        experiments.measure_weak_scaling(sizes, TINY, 2, 0.01)
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        experiments.measure_weak_scaling([1, 2], TINY, 2, -1.0)

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import zero
-from lecture_lib.costmodel import model_state_breakdown
+from lecture_lib import emulate, zero
+from lecture_lib.costmodel import collective_time, model_state_breakdown
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 CFG = GPTConfig(n_layers=2)
@@ -205,3 +205,35 @@ def test_more_ranks_than_elements_is_a_clear_error():
     with pytest.raises(lecture_lib.RankError, match=r"raised ValueError: more ranks \(4\) "
                        r"than parameter elements to shard \(2\)"):
         lecture_lib.run(_too_few_elements, 4, timeout=60)
+
+
+def _emulated_steps():
+    return zero.measure_step_time_emulated(lambda: GPT(CFG), batches, steps=1)
+
+
+def test_emulated_step_times_follow_the_alpha_beta_model():
+    """Per stage: the comm time is the ring cost of the calls and bytes issued; blocking
+    stages hide nothing; ZeRO-1 adds one all-gather of Psi to DDP; ZeRO-3 prefetching hides."""
+    world = 2
+    results = lecture_lib.run(_emulated_steps, world, timeout=120)
+    link = emulate.preset("h100-node").link(range(world))
+    out = results[0]
+    for case in zero.fsdp_experiments.STEP_CASES:
+        r = out[case]
+        formula = sum(r["calls"][k] * collective_time(k, 0, world, link)
+                      + collective_time(k, r["bytes"][k], world, link)
+                      - collective_time(k, 0, world, link) for k in r["calls"])
+        assert abs(r["comm"] - formula) <= 1e-9 * formula, case
+        assert all(res[case]["step"] == r["step"] for res in results), case   # symmetric ranks
+    for case in ("ddp", "zero1", "zero2"):
+        assert abs(out[case]["hidden"]) <= 1e-3 * out[case]["step"], case
+    psi = out["ddp"]["bytes"]["all_reduce"]
+    extra = out["zero1"]["comm"] - out["ddp"]["comm"]
+    assert abs(extra - collective_time("all_gather", psi, world, link)) <= 1e-9 * extra
+    assert out["zero2"]["calls"]["reduce_scatter"] == len(list(GPT(CFG).parameters()))
+    assert out["fsdp"]["hidden"] > 0 and out["fsdp"]["step"] < out["fsdp_no_prefetch"]["step"]
+
+
+def test_unknown_emulated_step_case_is_refused_before_any_process():
+    with pytest.raises(ValueError, match="unknown cases"):
+        zero.measure_step_time_emulated(lambda: GPT(CFG), batches, cases=["zero4"])

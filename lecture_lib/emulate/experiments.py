@@ -5,7 +5,9 @@ course's data-parallel wrappers under the emulation and splits each step's
 emulated time into forward, backward, communication and optimizer, with the
 timeline of the last step and, per bucket, when its gradients were ready and
 its bytes (exercise 14 predicts the step from them). :func:`measure_ddp` runs
-it on fresh ranks for several variants and bucket sizes.
+it on fresh ranks for several variants and bucket sizes; :func:`measure_weak_scaling`
+runs bucketed DDP on 1, 2, 4, ... ranks with the tokens per rank fixed (weak
+scaling: the ideal is a throughput proportional to the ranks).
 :func:`emulation_overhead` measures what the emulation costs in *real* time:
 the same steps with and without it, alternated on the same ranks.
 
@@ -24,13 +26,15 @@ import torch.distributed as dist
 
 from .. import data_parallel as DP
 from .. import launch
+from ..comm import group_info
 from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
 from ..progress import progress
 from .clock import Clock
 from .session import emulated
 
-VARIANTS = {"flat": lambda m, mb: DP.DDPFlat(m), "individual": lambda m, mb:
-            DP.DDPIndividualParameters(m), "bucketed": lambda m, mb: DP.DDPBucketed(m, mb)}
+VARIANTS = {"flat": lambda m, mb, g=None: DP.DDPFlat(m, g),
+            "individual": lambda m, mb, g=None: DP.DDPIndividualParameters(m, g),
+            "bucketed": lambda m, mb, g=None: DP.DDPBucketed(m, mb, g)}
 
 
 def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int) -> None:
@@ -43,9 +47,10 @@ def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int) -> Non
             raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
 
 
-def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock | None):
+def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock | None,
+                 group=None):
     """``steps`` data-parallel steps; under ``clock``, the emulated split of the last one."""
-    world, rank = dist.get_world_size(), dist.get_rank()
+    rank, world = group_info(group)
     phase = clock.phase if clock is not None else (lambda kind: _Null())
     split = {}
     for step in range(steps):
@@ -92,18 +97,24 @@ class _Null:
 
 
 def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
-             bucket_size_mb: float | None = None, preset="h100-node") -> dict:
-    """Rank function: ``steps`` emulated DDP steps; the split of the last (emulated seconds)."""
+             bucket_size_mb: float | None = None, preset="h100-node", group=None) -> dict:
+    """Rank function: ``steps`` emulated DDP steps over ``group`` (default: the world);
+    the split of the last (emulated seconds)."""
     _check(variant, cfg, batch_per_rank, steps)
     data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
     with emulated(preset) as clock:
         model = GPT(cfg, seed=0)
-        wrapped = VARIANTS[variant](model, bucket_size_mb)
+        wrapped = VARIANTS[variant](model, bucket_size_mb, group)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        split = _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock)
+        split = _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock, group)
     n = sum(p.numel() for p in model.parameters())
+    buckets = getattr(wrapped, "buckets", None)           # bucketed: in launch order
+    planned = None if buckets is None else [sum(p.numel() * p.element_size() for p in b)
+                                            for b in buckets]
     return {**split, "variant": variant, "bucket_size_mb": bucket_size_mb, "params": n,
-            "grad_bytes": 4 * n, "tokens_per_rank": batch_per_rank * cfg.seq_len}
+            "grad_bytes": 4 * n, "tokens_per_rank": batch_per_rank * cfg.seq_len,
+            # the bytes of the all-reduces issued; where none was (one rank), the buckets'
+            "bucket_bytes": split.get("bucket_bytes") or planned}
 
 
 def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_rank: int,
@@ -116,6 +127,43 @@ def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_
                        c.get("bucket_size_mb"), preset, timeout=timeout)[0]
             for c in progress(list(configs), f"emulated DDP: one configuration on {world_size} "
                               "ranks each")]
+
+
+def _scaling_rank(world_sizes, cfg, batch_per_rank, steps, bucket_size_mb, preset):
+    """Rank function on ``max(world_sizes)`` ranks: for each ``p``, :func:`ddp_step` on a
+    group of the first ``p`` ranks (the others wait); rank 0's rows."""
+    rows = []
+    for p in world_sizes:
+        group = dist.new_group(list(range(p)))           # every rank makes every group
+        if dist.get_rank() < p:
+            rows.append(ddp_step("bucketed", cfg, batch_per_rank, steps, bucket_size_mb,
+                                 preset, group))
+            dist.destroy_process_group(group)
+    return rows
+
+
+def measure_weak_scaling(world_sizes, cfg: GPTConfig, batch_per_rank: int,
+                         bucket_size_mb: float | None, steps: int = 1, preset="h100-node",
+                         timeout: float = 300.0) -> list[dict]:
+    """Bucketed DDP with ``batch_per_rank`` sequences per rank on each of ``world_sizes``.
+
+    One call of ``max(world_sizes)`` ranks; world size ``p`` runs on a group of
+    the first ``p`` ranks, all in one node of the preset when ``p`` fits in it
+    (emulated time does not see the idle ranks). One row per world size, rank
+    0's :func:`ddp_step` (the emulated split, its ``bucket_bytes``), with
+    ``world_size`` and ``tokens_per_s`` (all ranks' tokens over the emulated
+    step) added. Checked before any process starts.
+    """
+    sizes = list(world_sizes) if isinstance(world_sizes, (list, tuple, range)) else None
+    if not sizes or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in sizes):
+        raise ValueError(f"world_sizes must be a non-empty list of whole numbers >= 1, "
+                         f"not {world_sizes!r}")
+    _check("bucketed", cfg, batch_per_rank, steps)
+    DP.check_bucket_size(bucket_size_mb)
+    rows = launch.run(_scaling_rank, max(sizes), sizes, cfg, batch_per_rank, steps,
+                      bucket_size_mb, preset, timeout=timeout)[0]
+    return [{**row, "world_size": p, "tokens_per_s": p * row["tokens_per_rank"] / row["step"]}
+            for p, row in zip(sizes, rows)]
 
 
 def _overhead_rank(variant, cfg, batch_per_rank, steps, bucket_size_mb, preset, repeats):

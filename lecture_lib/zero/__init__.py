@@ -15,8 +15,8 @@ data-parallel ranks instead, rank r owning the r-th 1/N of every parameter.
 * ``experiments.py``: :func:`shard_model`, :func:`train_sharded`, :func:`held_bytes`,
   :func:`train_fsdp`, :func:`fsdp2_side_by_side`, what notebook 03 runs;
   ``fsdp_experiments.py``: bytes sent per step, memory with and without resharding,
-  prefetch timelines in real and emulated time; ``picture.py``: which rank holds what,
-  moment by moment.
+  prefetch timelines in real and emulated time, every stage's emulated step time;
+  ``picture.py``: which rank holds what, moment by moment.
 
 Every piece takes ``group=`` (default: the world), so a hybrid mesh can shard
 over its data-parallel group alone.
@@ -44,6 +44,7 @@ from .fsdp_experiments import (
     fsdp_timeline_emulated,
     measure_comm_volume,
     measure_fsdp_memory,
+    measure_step_time_emulated,
     overlapped_seconds,
 )
 from .picture import plot_shard_states, shard_states
@@ -55,5 +56,6 @@ __all__ = ["GRADIENT_MODES", "ShardedOptimizer", "FullyShardedModel", "check_fsd
            "load_sharded", "default_policy", "resolve_units", "shard_model", "held_bytes",
            "data_parallel_steps", "train_sharded", "train_fsdp", "train_fsdp2",
            "fsdp2_side_by_side", "measure_comm_volume", "measure_fsdp_memory",
-           "fsdp_timeline", "fsdp_timeline_emulated", "event_spans", "overlapped_seconds",
+           "measure_step_time_emulated", "fsdp_timeline", "fsdp_timeline_emulated",
+           "event_spans", "overlapped_seconds",
            "shard_states", "plot_shard_states"]

@@ -17,6 +17,10 @@
   NVLink), where the compute is fast enough for the all-gathers to matter and
   prefetching hides them; it adds the all-gathers' time on the wire (the
   emulated communication stream) and the part of it hidden behind compute.
+* :func:`measure_step_time_emulated`: one step of plain data parallelism
+  (one all-reduce after backward), ZeRO-1, ZeRO-2 and ZeRO-3 in emulated time,
+  split into compute, communication and the part of it hidden behind compute,
+  with the calls and bytes of every kind of collective the rank issued.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import time
 
 import torch
 
-from .. import emulate
+from .. import data_parallel, emulate
 from ..comm import group_info, record_comm
 from ..launch import device
 from ..metrics import Timer
@@ -35,16 +39,23 @@ from .fsdp import FullyShardedModel
 from .fsdp_api import fsdp_on_after_backward
 
 VOLUME_CASES = ("zero1", "zero2", "fsdp", "fsdp_keep", "fsdp_bf16")
+STEP_CASES = ("ddp", "zero1", "zero2", "fsdp", "fsdp_no_prefetch")
+_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 
 
-def _build(case: str, make_model, group):
+def _build(case: str, make_model, group, optimizer: str = "sgd"):
     model = make_model().to(device())
+    if case == "ddp":                      # plain data parallelism: one all-reduce after backward
+        return data_parallel.DDPFlat(model, group), make_optimizer(model.parameters(),
+                                                                   optimizer, 1e-2)
     if case in ("zero1", "zero2"):
-        return shard_model(model, 1 if case == "zero1" else 2, torch.optim.SGD, group, lr=1e-2)
+        return shard_model(model, 1 if case == "zero1" else 2, _OPTIMIZERS[optimizer], group,
+                           lr=1e-2)
     kwargs = {"fsdp_keep": {"reshard_after_forward": False},
-              "fsdp_bf16": {"compute_dtype": torch.bfloat16}}.get(case, {})
+              "fsdp_bf16": {"compute_dtype": torch.bfloat16},
+              "fsdp_no_prefetch": {"prefetch": False}}.get(case, {})
     model = FullyShardedModel(model, group=group, **kwargs)
-    return model, make_optimizer(model.parameters(), "sgd", 1e-2)
+    return model, make_optimizer(model.parameters(), optimizer, 1e-2)
 
 
 def _one_step(model, opt, x, y, scaler: LossScaler | None = None) -> torch.Tensor:
@@ -53,6 +64,8 @@ def _one_step(model, opt, x, y, scaler: LossScaler | None = None) -> torch.Tenso
     (loss.float() * (scaler.scale if scaler else 1.0)).backward()
     if isinstance(model, FullyShardedModel):
         fsdp_on_after_backward(model, opt)
+    elif isinstance(model, data_parallel.DDPFlat):
+        model.finish_gradient_synchronization()
     opt.step()
     return loss.detach()
 
@@ -205,4 +218,47 @@ def fsdp_timeline_emulated(make_model, batches, steps: int, prefetch: bool,
             if kind not in ("comm", "idle") and b > start]
     out.update(wire=wire, hidden=sum(_busy_overlap(w, busy) for w in wire),
                time_kind=timer.time_kind)
+    return out
+
+
+def _emulated_step(case, make_model, batches, steps, preset, group, rank, world) -> dict:
+    """The last of ``steps`` emulated steps of ``case`` (AdamW): its split and collectives."""
+    with emulate.emulated(preset) as clock:
+        model, opt = _build(case, make_model, group, "adamw")
+        for step in range(steps):
+            x, y = (t.to(device()) for t in shard(batches(step), rank, world))
+            start, totals = clock.synchronize(), dict(clock.totals)
+            calls, sent = dict(clock.calls_by_kind), dict(clock.bytes_by_kind)
+            _one_step(model, opt, x, y)
+            end = clock.synchronize()
+    delta = {k: v - totals.get(k, 0.0) for k, v in clock.totals.items()}
+    compute = sum(v for k, v in delta.items() if k not in ("comm", "idle"))
+    comm = delta.get("comm", 0.0)
+    return {"step": end - start, "compute": compute, "comm": comm,
+            "hidden": compute + comm - (end - start),
+            "calls": {k: v - calls.get(k, 0) for k, v in clock.calls_by_kind.items()
+                      if v > calls.get(k, 0)},
+            "bytes": {k: v - sent.get(k, 0) for k, v in clock.bytes_by_kind.items()
+                      if v > sent.get(k, 0)}}
+
+
+def measure_step_time_emulated(make_model, batches, cases=STEP_CASES, steps: int = 2,
+                               preset="h100-node", group=None) -> dict:
+    """Rank function: ``{case: split}`` of each case's last step, in emulated seconds.
+
+    Cases: ``"ddp"`` (plain data parallelism, one all-reduce after backward),
+    ``"zero1"``, ``"zero2"``, ``"fsdp"`` (ZeRO-3, prefetching) and
+    ``"fsdp_no_prefetch"``, all with AdamW. A split has ``step``, ``compute``
+    (every operation charged, forward, backward and optimizer), ``comm`` (the
+    collectives' time on the communication stream), ``hidden`` (compute + comm -
+    step: communication that ran while the rank computed) and the ``calls`` and
+    ``bytes`` (full buffers) of each kind of collective. Also ``"world_size"``.
+    """
+    unknown = [c for c in cases if c not in STEP_CASES]
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; known: {STEP_CASES}")
+    rank, world = group_info(group, required=True)
+    out = {"world_size": world}
+    for case in cases:
+        out[case] = _emulated_step(case, make_model, batches, steps, preset, group, rank, world)
     return out
