@@ -149,12 +149,6 @@ def op_cost(func, args, kwargs, out, cluster) -> tuple[float, float, int]:
 class ComputeMode(TorchDispatchMode):
     """Charge each operation on ``clock``'s compute stream (while ``state.charging()``)."""
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in a "disable dynamo" shim, a few
-        # microseconds per operation; the emulation never runs torch.compile'd code.
-        return False
-
     def __init__(self, clock, cluster, state):
         super().__init__()
         self.clock, self.cluster, self.state = clock, cluster, state
