@@ -12,6 +12,9 @@ import pytest
 
 import lecture_lib
 from lecture_lib import launch, zygote
+from lecture_lib.grading import procs
+from lecture_lib.grading.harness import Exercise
+from lecture_lib.grading.sandbox import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +62,9 @@ def test_exit_codes_come_from_the_zygote():
 
 
 def test_a_killed_zygote_is_replaced():
+    """Its orphaned workers come back to us when we are a child subreaper (as the grader is):
+    ending the pool reaps them rather than waiting forever on zombies."""
+    procs.become_subreaper()
     lecture_lib.run(_who, 2, timeout=60)
     old = zygote.get({})
     old.proc.kill()
@@ -125,3 +131,19 @@ def _running(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_graders_clean_up_spares_the_zygote(tmp_path):
+    """A sandbox's clean-up kills what the submission started, even orphans that came back to
+    the grader; the zygote (our child, started while the sandbox was open) and its warm
+    workers are not the submission's."""
+    launch.shutdown()
+    path = tmp_path / "ex04_memory_per_device.py"
+    path.write_text("def memory_per_device(*args, **kwargs):\n    return {}\n")
+    ex = Exercise("ex04", path, Limits())
+    assert ex.memory_per_device(1, 1, 1, 1, 1, 1) == {}     # the sandbox is open
+    lecture_lib.run(_who, 2, timeout=60)                   # the zygote starts after it
+    forks, workers = zygote.get({}), launch.worker_pids()
+    ex._sandbox.close()
+    assert forks.alive() and zygote.get({}) is forks and launch.worker_pids() == workers
+    assert len(lecture_lib.run(_who, 2, timeout=60)) == 2

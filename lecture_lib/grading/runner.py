@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exercises import ROOT, exercise_id
+from .. import zygote
 from ..launch import worker_pids
 from . import procs
 from .sandbox import _Tail
@@ -87,7 +88,8 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
-        procs.end_all([proc.pid], keep=set(worker_pids()), since=since)   # it and all below it
+        keep = set(worker_pids()) | set(zygote.pids())      # ours: warm workers, their zygote
+        procs.end_all([proc.pid], keep=keep, since=since)   # it and all below it
         proc.wait()
         tail.thread.join(timeout=5)
         proc.stdout.close()

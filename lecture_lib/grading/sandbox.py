@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from .. import zygote
 from ..launch import worker_pids
 from . import procs, safe_load
 from ._child import HEADER, send_frame
@@ -265,7 +266,8 @@ class Sandbox:
         """Kill the child and everything the submission started; remove its folder."""
         _LIVE.pop(self.key, None)
         if self.proc is not None:
-            keep = {s.proc.pid for s in _LIVE.values() if s.proc} | set(worker_pids())
+            keep = ({s.proc.pid for s in _LIVE.values() if s.proc} | set(worker_pids())
+                    | set(zygote.pids()))          # our warm workers and the zygote forking them
             procs.end_all([self.proc.pid], self.uid, keep, since=self.started)
             self.proc.wait()
             self.proc.stdout.close()
