@@ -22,8 +22,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..exercises import ROOT, exercise_id
 from .. import zygote
+from ..exercises import ROOT, exercise_id
 from ..launch import worker_pids
 from . import procs
 from .sandbox import _Tail
