@@ -15,7 +15,8 @@
   streams. ``timer.time_kind`` says which time ("real" or "emulated H100 + NVLink").
 * :func:`now` and :func:`time_kind`: the clock every measurement here reads.
 * :func:`tokens_per_second` and :func:`share`: the derived figures.
-* :func:`model_flops_per_token` and :func:`mfu`: model FLOPs utilisation,
+* :func:`model_flops_per_token` (:func:`gpt_flops_per_token` for the course's
+  GPT) and :func:`mfu`: model FLOPs utilisation,
   6N per token plus attention (Chowdhery et al. 2022, "PaLM", appendix B;
   Korthikanti et al. 2022).
 * :func:`saved_tensor_bytes`: bytes autograd keeps for the backward pass,
@@ -152,6 +153,16 @@ def model_flops_per_token(n_params: int, n_layers: int = 0, seq_len: int = 0,
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
     return 6.0 * n_params + 12.0 * n_layers * seq_len * d_model
+
+
+def gpt_flops_per_token(model) -> float:
+    """:func:`model_flops_per_token` of the course's GPT (:class:`lecture_lib.models.GPT`):
+    ``N`` counts every parameter but the token and position embeddings (the head is a
+    matmul and counts); ``L``, ``T`` and ``d`` come from ``model.cfg``."""
+    cfg = model.cfg
+    n = sum(p.numel() for name, p in model.named_parameters()
+            if name not in ("tok_emb.weight", "pos_emb.weight"))
+    return model_flops_per_token(n, cfg.n_layers, cfg.seq_len, cfg.d_model)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,

@@ -334,6 +334,11 @@ def test_mfu_is_model_flops_over_peak():
         metrics.mfu(1.0, per_token, 0.0)
     with pytest.raises(ValueError):
         metrics.model_flops_per_token(-1)
+    # the course's GPT (d 64, 4 layers, vocab 64, 32 tokens): a block has 12 d^2 + 13 d
+    # parameters, the final norm 2 d, the untied head d V; the embeddings do not count
+    d, layers, vocab, seq = 64, 4, 64, 32
+    n = layers * (12 * d * d + 13 * d) + 2 * d + d * vocab
+    assert metrics.gpt_flops_per_token(GPT(GPTConfig())) == 6 * n + 12 * layers * seq * d
 
 
 def _timer_keeps_overlap(n, m):
