@@ -6,7 +6,12 @@ import torch.nn as nn
 
 import lecture_lib
 from lecture_lib import data_parallel as DP
-from lecture_lib.costmodel import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
+from lecture_lib.costmodel import (
+    best_bucket_bytes,
+    ddp_overhead,
+    fit_ddp_overhead,
+    two_stream_step,
+)
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
@@ -205,3 +210,19 @@ def test_compare_variants_measures_every_config():
     assert results[0]["flat"]["step_times"] == results[1]["flat"]["step_times"]  # slowest rank
     with pytest.raises(ValueError, match="unknown keys"):
         DP.compare_variants({"x": dict(variant="flat", bucket=1)}, None, None, 1)
+
+
+def test_two_stream_step_queues_the_all_reduces():
+    # one bucket, ready when backward ends: nothing hides it
+    assert two_stream_step([10.0], [4.0], backward_end=10.0, optimizer=1.0) == 15.0
+    # fast links: each all-reduce ends before the next bucket is ready; only the last shows
+    assert two_stream_step([4.0, 7.0, 10.0], [1.0, 1.0, 1.0], 10.0) == 11.0
+    # slow links: the stream is busy from the first bucket on; backward is hidden
+    assert two_stream_step([4.0, 7.0, 10.0], [5.0, 5.0, 5.0], 10.0) == 4.0 + 15.0
+    # the closed form F + max(B, C - c_last) + c_last (here 2 + max(8, 10) + 5 = 17) misses
+    # that the stream cannot start before the first bucket is ready (at 4)
+    assert two_stream_step([4.0, 7.0, 10.0], [5.0, 5.0, 5.0], 10.0) > 2 + max(8, 10) + 5
+    with pytest.raises(ValueError, match="one ready time"):
+        two_stream_step([1.0], [1.0, 2.0], 3.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        two_stream_step([1.0], [-1.0], 3.0)

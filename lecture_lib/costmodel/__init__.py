@@ -29,7 +29,7 @@ from .context_parallel import (
                    ring_bytes_per_layer,
                    ulysses_bytes_per_layer,
 )
-from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead
+from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead, two_stream_step
 from .memory import (
                    GB,
                    PRESETS,

@@ -12,6 +12,13 @@ Few buckets leave a large last bucket exposed; many buckets pay the per-call
 overhead often. The best number is ``n_b* = sqrt(s / (w o))``, i.e. a bucket
 size of ``s / n_b* = sqrt(s w o)``. :func:`fit_ddp_overhead` recovers ``w`` and
 ``o`` from measured overheads by least squares (linear in ``n_b`` and ``1 / n_b``).
+
+:func:`two_stream_step` is the step of bucketed DDP on a compute stream and a
+communication stream (Li et al. 2020, "PyTorch Distributed", section 3.2.3):
+bucket ``i`` is all-reduced once backward has produced it *and* the previous
+all-reduce is done. Unlike ``T_fwd + max(T_bwd, T_comm - T_last) + T_last +
+T_opt``, which assumes the all-reduces may start with backward, it stays exact
+when communication outgrows backward (exercise 14 derives both).
 """
 from __future__ import annotations
 
@@ -34,6 +41,24 @@ def best_bucket_bytes(model_bytes: float, bandwidth: float, per_call: float) -> 
     if model_bytes <= 0 or bandwidth <= 0 or per_call < 0:
         raise ValueError("need model_bytes > 0, bandwidth > 0 and per_call >= 0")
     return min(model_bytes, math.sqrt(model_bytes * bandwidth * per_call))
+
+
+def two_stream_step(ready, comm, backward_end: float, optimizer: float = 0.0) -> float:
+    """Seconds of a bucketed DDP step: the all-reduces queue on one stream.
+
+    ``ready[i]``: when bucket ``i``'s gradients exist (seconds from the step's
+    start, in launch order); ``comm[i]``: its all-reduce's seconds;
+    ``backward_end``: when forward and backward are done; ``optimizer`` follows
+    the later of the two streams.
+    """
+    if len(ready) != len(comm):
+        raise ValueError(f"one ready time per all-reduce: {len(ready)} against {len(comm)}")
+    if min([backward_end, optimizer, *ready, *comm]) < 0:
+        raise ValueError("times must be >= 0")
+    stream = 0.0
+    for r, c in zip(ready, comm):
+        stream = max(stream, r) + c
+    return max(stream, backward_end) + optimizer
 
 
 def fit_ddp_overhead(model_bytes: float, n_buckets, overheads) -> tuple[float, float]:
