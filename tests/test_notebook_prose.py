@@ -1,0 +1,174 @@
+"""No measured figure typed into a notebook's prose (issue 17).
+
+Measured numbers reach markdown only through outputs. This scans every markdown cell of
+notebooks/*.ipynb for a number next to a measured unit (``12 ms``, ``0.8 MB/s``, ``35-40%``,
+``2.5x``, ``~0.73``) after removing LaTeX math and inline code. A hit passes if
+
+* its sentence cites a source (CITATION: "et al.", "Table 2", "arXiv", "datasheet", ...), or
+* it sits in a hardware spec phrase (SPEC: "989 TFLOP/s on an H100", "80 GB GPU", "on NVLink"), or
+* it is in ALLOWED: an explicit (notebook, snippet, reason) list for the remaining cited
+  constants, configurations the notebook sets itself and tolerances its code asserts.
+
+An ALLOWED entry that matches nothing any more fails too, so the list cannot go stale.
+Pure text: no notebook is run.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+NUMBER = r"(?<![\w.])[~≈]?\s?\d+(?:[.,]\d+)*(?:\s*[-–]\s*\d+(?:[.,]\d+)*)?"
+UNIT = (r"\s?(?:%|pp\b|[KMGT]i?B/s|[KMGT]i?B\b|B/s|[TGP]?FLOP/s|tokens/s|ms\b|us\b|µs|ns\b|s\b)"
+        r"|\sB\b(?!\s*parameters)"      # "4 B" are bytes; "175B" / "1.3 B parameters" a model size
+        r"|[x×](?!\w)")                   # "2.5x" is a ratio; "8 x 8" a product of sizes
+FIGURE = re.compile(rf"{NUMBER}(?:{UNIT})")
+APPROX = re.compile(r"(?<![\w.])[~≈]\s?\d[\d.,eE+-]*")   # "~0.73": an approximate reading
+MATH_AND_CODE = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|`[^`\n]*`", re.S)
+CITATION = re.compile(r"et al\.|\b(?:Table|Figure|Fig\.|eq\.)\s?\d|arXiv|datasheet|documentation"
+                      r"|user guide|nccl-tests|\(\w[\w ]* \d{4}\)")
+SPEC = re.compile(r"\b(?:H100|A100|NVLink|InfiniBand|NDR|HDR)\b")
+SPEC_NOUN = re.compile(r"\s*(?:GPUs?|devices?)\b")   # "80 GB GPU": a device's capacity
+SPEC_REACH = 30                                       # characters either side for SPEC words
+
+# (notebook, snippet in the cell's prose after math/code are removed and whitespace is
+# collapsed, reason). The snippet must contain the figure.
+ALLOWED = [
+    ("00_welcome.ipynb", "state alone is 2.8 TB",
+     "formula: 175e9 parameters x 16 bytes (Brown et al. 2020, same cell)"),
+    ("01_collectives.ipynb", "Sizes go from 1 KiB to 64 MiB",
+     "configuration: the message sizes the notebook sweeps"),
+    ("02_data_parallel.ipynb", "(25 MB, torch's default",
+     "cited constant: DistributedDataParallel's bucket_cap_mb=25 (PyTorch docs)"),
+    ("02_data_parallel.ipynb", "(4 GB of fp32 gradients)",
+     "formula: 1e9 parameters x 4 bytes, the example the next cell prints"),
+    ("02b_data_parallel_emulated.ipynb", "throughput within 3% at every",
+     "tolerance asserted in the next code cell (0.03)"),
+    ("02b_data_parallel_emulated.ipynb", "agrees (within 5%) where",
+     "tolerance asserted in the next code cell (0.05)"),
+    ("02b_data_parallel_emulated.ipynb", "step by more than 8% where",
+     "tolerance asserted in the next code cell (closed < 0.92 * step)"),
+    ("02b_data_parallel_emulated.ipynb", "against this emulation (within 5%)",
+     "tolerance of tests/exercises/test_ex14 (rel=0.05)"),
+    ("03_memory.ipynb", "parameters (350 GB) on every",
+     "formula: 175e9 parameters x 2 bytes"),
+    ("04_tensor_parallel.ipynb", "tensor cores (67 TFLOP/s;",
+     "cited: H100 SXM fp32 (non-tensor-core) peak, NVIDIA H100 datasheet, the preset's fp32 rate"),
+    ("06_pipeline_parallel.ipynb", "F = 40 ms, B = 40 ms, W = 40 ms",
+     "configuration: the set wait each action sleeps"),
+    ("06_pipeline_parallel.ipynb", "the whole backward, 80 ms, in B",
+     "configuration: B + W of the set waits"),
+    ("06_pipeline_parallel.ipynb", "and with 40 ms actions",
+     "configuration: the set wait each action sleeps"),
+    ("06_pipeline_parallel.ipynb", "(p-1)/p = 75 % at p = 4",
+     "formula: (p-1)/p at p = 4"),
+    ("06_pipeline_parallel.ipynb", "lecture's \"about 10-20 % bubble\"",
+     "cited: the lecture's rule of thumb"),
+    ("06_pipeline_parallel.ipynb", "micro-batches for 20 %, **m ≥ 9(p-1)** for 10 %",
+     "formula: the bubble targets of the lecture's rule"),
+    ("06_pipeline_parallel.ipynb", "about m ≥ 4(p-1) for ≤ 20 %",
+     "formula: the bubble target of the lecture's rule"),
+    ("08_hybrid_parallelism.ipynb", "(200 / 22 GB/s)",
+     "cited: the NVLINK_A100 / INFINIBAND_HDR presets, sourced in section 4"),
+    ("08_hybrid_parallelism.ipynb", "does not fit in 80 GB,",
+     "cited: A100 80GB device memory of costmodel.A100_CLUSTER (Megatron-LM 2021 cluster)"),
+    ("08_hybrid_parallelism.ipynb", "to within 1%, which",
+     "tolerance asserted in tests/test_calibration.py (rel=1e-2)"),
+    ("09_profiling_and_debugging.ipynb", "small buckets (here 0.1 MB)",
+     "configuration: the bucket size the notebook sets"),
+    ("09_profiling_and_debugging.ipynb", "communication **over 30 %** of the step",
+     "cited: the lecture's rule of thumb"),
+    ("09_profiling_and_debugging.ipynb", "device busy **under 70 %** of the step",
+     "cited: the lecture's rule of thumb"),
+    ("09_profiling_and_debugging.ipynb", "> 30 % communication",
+     "cited: the lecture's rule of thumb (summary table)"),
+    ("09_profiling_and_debugging.ipynb", "< 70 % busy",
+     "cited: the lecture's rule of thumb (summary table)"),
+    ("09_profiling_and_debugging.ipynb", "ends the call after 3 s",
+     "configuration: the timeout=3 the cell passes"),
+]
+
+
+def prose(markdown: str) -> str:
+    """The markdown without LaTeX math and inline code, whitespace collapsed."""
+    return " ".join(MATH_AND_CODE.sub(" ", markdown).split())
+
+
+def sentence(text: str, start: int, end: int) -> str:
+    """The sentence around text[start:end] ('. ' followed by a capital ends one)."""
+    ends = [m.end() for m in re.finditer(r"(?<!al)[.!?:;](?=\s+[A-Z*#(])", text)]
+    left = max([e for e in ends if e <= start], default=0)
+    right = min([e for e in ends if e >= end], default=len(text))
+    return text[left:right]
+
+
+def figures(text: str) -> list[tuple[int, int]]:
+    """Spans of number+unit figures and of approximate readings, in order."""
+    spans = [m.span() for m in FIGURE.finditer(text)]
+    spans += [m.span() for m in APPROX.finditer(text)
+              if not any(s <= m.start() < e for s, e in spans)]
+    return sorted(spans)
+
+
+def cited_or_spec(text: str, start: int, end: int) -> bool:
+    if CITATION.search(sentence(text, start, end)):
+        return True
+    near = text[max(0, start - SPEC_REACH):end + SPEC_REACH]
+    return bool(SPEC.search(near) or SPEC_NOUN.match(text, end))
+
+
+def offending(text: str, allowed: list[str]) -> list[str]:
+    """Figures in `text` (already prose()) that no rule and no allowed snippet covers."""
+    covered = [(m.start(), m.end()) for snip in allowed for m in re.finditer(re.escape(snip), text)]
+    bad = []
+    for start, end in figures(text):
+        if cited_or_spec(text, start, end):
+            continue
+        if any(s <= start and end <= e for s, e in covered):
+            continue
+        bad.append(text[max(0, start - 40):end + 20])
+    return bad
+
+
+def markdown_cells(path: Path) -> list[tuple[int, str]]:
+    cells = json.loads(path.read_text())["cells"]
+    return [(i, prose("".join(c["source"]))) for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown"]
+
+
+def test_scanner_flags_a_typed_measurement():
+    assert offending("The step takes 12 ms and the link reaches about 0.8 MB/s.", [])
+    assert offending("Bucketing is 2.5x faster here.", [])
+    assert offending("The median error is about 35-40% on this machine.", [])
+    assert offending("The printed ratio is ~0.73.", [])
+    assert len(offending("We save 60 MB and 250 us.", [])) == 2
+
+
+def test_scanner_lets_cited_constants_math_and_code_through():
+    assert not offending(prose("The H100 peaks at 989 TFLOP/s in bf16."), [])
+    assert not offending(prose("An 80 GB GPU holds 1/35 of it."), [])
+    assert not offending(prose("They reach 138 TFLOP/s per GPU (Narayanan et al. 2021)."), [])
+    assert not offending(prose("The time is $t = 12\\,\\mathrm{ms}$ and `sleep(0.04 s)`."), [])
+    assert not offending(prose("GPT-3 175B on 8 x 8 x 16 GPUs; GPT-3 XL has 1.3 B parameters."), [])
+    assert not offending(prose("Sizes go from 1 KiB to 64 MiB."), ["Sizes go from 1 KiB to 64 MiB"])
+    assert offending(prose("Sizes go from 1 KiB to 64 MiB."), ["Sizes go from"])
+
+
+def test_allowed_entries_name_real_notebooks_and_reasons():
+    names = {p.name for p in NOTEBOOKS}
+    for notebook, snippet, reason in ALLOWED:
+        assert notebook in names and FIGURE.search(snippet) and reason, (notebook, snippet)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_measured_figure_in_prose(path):
+    allowed = [snip for nb, snip, _ in ALLOWED if nb == path.name]
+    cells = markdown_cells(path)
+    hits = [f"{path.name} cell {i}: ...{bad}..." for i, text in cells
+            for bad in offending(text, allowed)]
+    assert not hits, ("measured figures typed into markdown (print them from a code cell, or "
+                      "add a cited constant to ALLOWED with its source):\n" + "\n".join(hits))
+    stale = [snip for snip in allowed if not any(snip in text for _, text in cells)]
+    assert not stale, f"ALLOWED entries for {path.name} match no prose any more: {stale}"
