@@ -27,6 +27,8 @@ UNIT = (r"\s?(?:%|pp\b|[KMGT]i?B/s|[KMGT]i?B\b|B/s|[TGP]?FLOP/s|tokens/s|ms\b|us
 FIGURE = re.compile(rf"{NUMBER}(?:{UNIT})")
 APPROX = re.compile(r"(?<![\w.])[~≈]\s?\d[\d.,eE+-]*")   # "~0.73": an approximate reading
 MATH_AND_CODE = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|`[^`\n]*`", re.S)
+# self-study answers are checked against the library by tests/test_self_study.py
+FOLDED = re.compile(r"<details>.*?</details>", re.S)
 CITATION = re.compile(r"et al\.|\b(?:Table|Figure|Fig\.|eq\.)\s?\d|arXiv|datasheet|documentation"
                       r"|user guide|nccl-tests|\(\w[\w ]* \d{4}\)")
 SPEC = re.compile(r"\b(?:H100|A100|NVLink|InfiniBand|NDR|HDR)\b")
@@ -92,8 +94,8 @@ ALLOWED = [
 
 
 def prose(markdown: str) -> str:
-    """The markdown without LaTeX math and inline code, whitespace collapsed."""
-    return " ".join(MATH_AND_CODE.sub(" ", markdown).split())
+    """The markdown without folded answers, LaTeX math and inline code, whitespace collapsed."""
+    return " ".join(MATH_AND_CODE.sub(" ", FOLDED.sub(" ", markdown)).split())
 
 
 def sentence(text: str, start: int, end: int) -> str:
