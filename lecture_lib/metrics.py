@@ -19,6 +19,9 @@
   GPT) and :func:`mfu`: model FLOPs utilisation,
   6N per token plus attention (Chowdhery et al. 2022, "PaLM", appendix B;
   Korthikanti et al. 2022).
+* :func:`training_days`: the same identity solved for time, the days a run of ``D``
+  tokens takes at a given MFU (``6 N D`` FLOPs for a dense model: Kaplan et al. 2020,
+  "Scaling Laws for Neural Language Models", section 2.1).
 * :func:`saved_tensor_bytes`: bytes autograd keeps for the backward pass,
   counted with saved-tensor hooks (each storage once).
 * :func:`tensor_bytes` and :func:`state_bytes`: bytes of parameters, gradients
@@ -176,6 +179,21 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,
         raise ValueError("mfu needs tokens_per_s >= 0, flops_per_token > 0, peak_flops > 0 "
                          "and devices >= 1")
     return tokens_per_s * flops_per_token / (peak_flops * devices)
+
+
+def training_days(flops_per_token: float, tokens: float, peak_flops: float, devices: int,
+                  mfu_value: float) -> float:
+    """Days to train on ``tokens`` tokens: ``tokens * flops_per_token / (devices * peak * MFU)``.
+
+    :func:`mfu` solved for time: at utilisation ``mfu_value`` the job does
+    ``devices * peak_flops * mfu_value`` model FLOP/s. With ``flops_per_token = 6 N``
+    (:func:`model_flops_per_token` of ``N`` parameters) this is the ``6 N D`` estimate.
+    """
+    if not flops_per_token > 0 or not tokens > 0 or not peak_flops > 0 or devices < 1 \
+            or not 0 < mfu_value <= 1:
+        raise ValueError("training_days needs flops_per_token > 0, tokens > 0, peak_flops > 0, "
+                         "devices >= 1 and 0 < mfu_value <= 1")
+    return tokens * flops_per_token / (devices * peak_flops * mfu_value) / 86400.0
 
 
 @contextmanager

@@ -14,11 +14,11 @@ absolute difference from rank 0 over all ranks and elements, if it is above
 ``atol``; return None when all agree. A parameter without a gradient
 (``p.grad is None``) counts as a zero gradient. Do not change the model.
 
-Hint: ``dist.broadcast`` a copy of rank 0's tensor to everyone, compute your
-own largest difference, and ``dist.all_reduce(..., op=dist.ReduceOp.MAX)`` it
-so that every rank sees the same number and returns the same answer. (The
-library's ``lecture_lib.debugging.check_gradient_consistency`` does the same
-in two collectives for the whole model, and says which rank differs.)
+Hint: a rank can only compare with what it has, so first give every rank rank 0's
+copy. Then a difference may be visible on rank 1 alone, yet every rank must return the
+same answer: the ranks have to agree on the largest difference before deciding. (The
+library's ``lecture_lib.debugging.check_gradient_consistency`` does the same in two
+collectives for the whole model, and says which rank differs.)
 """
 import torch
 import torch.distributed as dist

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import debugging
+from lecture_lib.comm import all_reduce_flat
 from lecture_lib.data_parallel import DDPFlat, DDPNaive
 from lecture_lib.models import (
     GPT,
@@ -159,3 +160,42 @@ def test_a_skipped_collective_ends_in_a_timeout_with_each_ranks_place():
     assert report[0].startswith("stuck at") and "all_reduce" in report[0]
     with pytest.raises(TypeError):
         debugging.hang_report(RuntimeError("not a timeout"))
+
+
+def _buggy_step(model, optimizer, x, y):
+    """Summed gradients, biases left out of the sync, the local loss returned."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None and not name.endswith("bias"):
+            dist.all_reduce(p.grad)
+    optimizer.step()
+    return loss.item()
+
+
+def _flat_step(model, optimizer, x, y):
+    """A correct step: one averaged all-reduce of every gradient, the global loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    all_reduce_flat([p.grad for p in model.parameters()], average=True)
+    optimizer.step()
+    total = loss.detach().reshape(1)
+    all_reduce_flat([total], average=True)
+    return total.item()
+
+
+def test_inspect_train_step_finds_each_bug_and_nothing_in_a_correct_step():
+    buggy = debugging.inspect_train_step(_buggy_step, 2, timeout=60)
+    step, found = buggy.inconsistency
+    assert step == 0 and found.name.endswith("bias")
+    ratios = [r for n, r in buggy.update_ratio.items() if not n.endswith("bias")]
+    assert all(abs(r - 2) < 1e-3 for r in ratios), ratios          # summed over 2 ranks
+    assert buggy.losses[0] != buggy.losses[1] and len(buggy.findings) == 4
+    good = debugging.inspect_train_step(_flat_step, 2, timeout=60)
+    assert good.inconsistency is None and good.findings == [], good.findings
+    with pytest.raises(TypeError):
+        debugging.inspect_train_step("not a function")
+    with pytest.raises(ValueError):
+        debugging.inspect_train_step(_flat_step, 3, batch_size=8)

@@ -66,3 +66,14 @@ def test_collective_time_and_fit_round_trip():
     assert alpha == pytest.approx(2e-5, rel=1e-6) and beta == pytest.approx(3e9, rel=1e-6)
     with pytest.raises(ValueError):
         costmodel.fit_alpha_beta([1.0], [1.0])
+
+
+def test_training_days_inverts_mfu_and_gives_llama3s_budget():
+    fpt = metrics.model_flops_per_token(405_000_000_000)         # 6 N, N = 405e9
+    assert fpt * 15.6e12 == pytest.approx(3.8e25, rel=0.01)       # Llama 3 paper: 3.8e25 FLOPs
+    days = metrics.training_days(fpt, 15.6e12, 989e12, 16384, 0.4)
+    tokens_per_s = 15.6e12 / (days * 86400)
+    assert metrics.mfu(tokens_per_s, fpt, 989e12, 16384) == pytest.approx(0.4)
+    for bad in [(0, 1, 1, 1, 0.5), (1, 1, 1, 0, 0.5), (1, 1, 1, 1, 0), (1, 1, 1, 1, 1.5)]:
+        with pytest.raises(ValueError):
+            metrics.training_days(*bad)

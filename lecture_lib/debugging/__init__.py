@@ -9,7 +9,9 @@ lecture's checklist ("common problems and debugging"), each a tool here:
    (:func:`check_gradient_consistency`): :mod:`.consistency`.
 3. **Hangs** (:func:`hang_report`, the planted :func:`skipped_collective`):
    :mod:`.hangs`.
-4. **Convergence** (:func:`train_gpt`, :func:`sweep`): clipping, the linear
+4. **A whole step under the tools** (:func:`inspect_train_step`): replicas, update size
+   and loss against one process: :mod:`.steps`.
+5. **Convergence** (:func:`train_gpt`, :func:`sweep`): clipping, the linear
    scaling rule with warm-up, determinism: :mod:`.experiments`.
 
 The bugs the tools must find are planted into the course's own DDP
@@ -26,8 +28,9 @@ from .consistency import (
 from .experiments import sweep, train_gpt
 from .hangs import hang_report, skipped_collective
 from .planted import PlantedDDPFlat, PlantedDDPNaive, planted_ddp, sync_gradients
+from .steps import StepReport, inspect_train_step
 
-__all__ = ["CommCheck", "Inconsistency", "PlantedDDPFlat", "PlantedDDPNaive",
+__all__ = ["CommCheck", "Inconsistency", "PlantedDDPFlat", "PlantedDDPNaive", "StepReport",
            "assert_consistent", "check_communication", "check_gradient_consistency",
-           "comm_sanity_check", "hang_report", "planted_ddp", "skipped_collective", "sweep",
-           "sync_gradients", "train_gpt"]
+           "comm_sanity_check", "hang_report", "inspect_train_step", "planted_ddp",
+           "skipped_collective", "sweep", "sync_gradients", "train_gpt"]

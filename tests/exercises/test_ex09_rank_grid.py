@@ -18,7 +18,8 @@ GRIDS = [{"dp": 2, "pp": 2, "tp": 2}, {"dp": 4, "tp": 1}, {"pp": 3, "tp": 2}, {"
 def test_coordinates(dims):
     for rank in range(math.prod(dims.values())):
         got = ex.coordinates(rank, dims)
-        assert got == grid_coordinates(rank, dims), f"rank {rank}"
+        want = grid_coordinates(rank, dims)
+        assert got == want, f"rank {rank} of {dims}: expected {want}, got {got}"
         assert list(got) == list(dims), "keep the order of dims"
 
 
@@ -38,7 +39,9 @@ def _members(dims):
 def test_groups_on_four_ranks(dims):
     results = ex.run(_members, 4, dims, timeout=60)
     for rank, members in enumerate(results):
-        assert set(members) == set(dims)
+        assert set(members) == set(dims), \
+            f"rank {rank}: groups for {sorted(members)}, want {sorted(dims)}"
         for name in dims:
-            assert rank in members[name]
-            assert members[name] in grid_groups(dims, name), f"rank {rank}, {name}"
+            want = next(g for g in grid_groups(dims, name) if rank in g)
+            assert members[name] == want, \
+                f"rank {rank}: its {name} group should hold ranks {want}, got {members[name]}"

@@ -1,0 +1,117 @@
+"""The rank grid mapped onto nodes, with its three kinds of groups.
+
+A job of ``dp x pp x tp`` (x ``cp``) ranks numbers its ranks row-major with the last
+dimension fastest (:mod:`lecture_lib.mesh`), and a cluster fills its nodes in rank order:
+node ``n`` holds ranks ``n g .. n g + g - 1`` for nodes of ``g`` GPUs. So the fastest
+dimension's groups are runs of consecutive ranks and, when they hold at most ``g`` ranks,
+lie inside one node and talk over NVLink; the slower dimensions' groups stride across
+nodes and talk over the network. Megatron-LM puts tensor parallelism fastest for that
+reason: its all-reduces sit on the critical path of every layer, pipeline sends are few
+and data-parallel all-reduces overlap with backward (Narayanan et al. 2021, "Efficient
+Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 3.3).
+
+:func:`rank_grid_layout` computes the picture from :func:`lecture_lib.mesh.grid_groups`
+(which ranks share a group along each dimension, which node each rank is on, which groups
+cross a node boundary); :func:`draw_rank_grid` draws it: one row of boxes per node, a
+shaded band around each tensor-parallel group, and lines joining the members of each
+pipeline-parallel and data-parallel (and context-parallel) group.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+
+from ..mesh import check_grid, grid_coordinates, grid_groups
+
+STYLE = {"tp": ("#4C72B0", "-"), "cp": ("#8172B3", "-."), "pp": ("#DD8452", "-"),
+         "dp": ("#55A868", "--")}
+"""Colour and line style of each dimension's groups."""
+OFFSET = {"pp": -0.22, "dp": 0.22, "cp": 0.0}
+"""Where, across a box, a dimension's connecting line runs (so that lines do not overlap)."""
+
+
+def rank_grid_layout(dims: dict[str, int], gpus_per_node: int) -> dict:
+    """What :func:`draw_rank_grid` draws, as data.
+
+    ``{"world": n, "node": {rank: node}, "coords": {rank: {dim: i}}, "labels": {rank: text},
+    "groups": {dim: [[ranks], ...]}, "crosses_nodes": {dim: [bool per group]}}``.
+    """
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) \
+            or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a whole number >= 1, not {gpus_per_node!r}")
+    world = math.prod(dims.values()) if dims else 0
+    check_grid(world, dims)
+    if world % gpus_per_node:
+        raise ValueError(f"{world} ranks do not fill whole nodes of {gpus_per_node} GPUs")
+    unknown = set(dims) - set(STYLE)
+    if unknown:
+        raise ValueError(f"unknown grid dimensions {sorted(unknown)}; known: {sorted(STYLE)}")
+    node = {r: r // gpus_per_node for r in range(world)}
+    coords = {r: grid_coordinates(r, dims) for r in range(world)}
+    groups = {d: grid_groups(dims, d) for d in dims}
+    return {"world": world, "gpus_per_node": gpus_per_node, "dims": dict(dims), "node": node,
+            "coords": coords,
+            "labels": {r: _label(r, coords[r]) for r in range(world)},
+            "groups": groups,
+            "crosses_nodes": {d: [len({node[r] for r in g}) > 1 for g in gs]
+                              for d, gs in groups.items()}}
+
+
+def _label(rank: int, coords: dict[str, int]) -> str:
+    """'rank 5\ndp0 pp1 tp1' (coordinates on two lines when there are four)."""
+    parts = [f"{d}{i}" for d, i in coords.items()]
+    rows = [parts] if len(parts) <= 3 else [parts[:2], parts[2:]]
+    return "\n".join([f"rank {rank}"] + [" ".join(row) for row in rows])
+
+
+def _position(rank: int, g: int) -> tuple[float, float]:
+    """Lower-left corner of a rank's box: node rows top to bottom, GPUs left to right."""
+    return (rank % g) * 1.3, -(rank // g) * 1.6
+
+
+def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
+    """Draw the grid on its nodes; returns ``(fig, layout)`` (:func:`rank_grid_layout`)."""
+    layout = rank_grid_layout(dims, gpus_per_node)
+    g, world = gpus_per_node, layout["world"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 * g + 2.8, 1.45 * world // g + 0.6))
+    for n in range(world // g):
+        ax.add_patch(plt.Rectangle((-0.2, -n * 1.6 - 0.25), g * 1.3 - 0.1, 1.4, fc="none",
+                                   ec="0.55", lw=1, ls=":"))
+        ax.text(-0.35, -n * 1.6 + 0.45, f"node {n}", ha="right", va="center", fontsize=9)
+    for group in layout["groups"].get("tp", []):
+        xs = [_position(r, g) for r in group]
+        if len(group) > 1 and len({layout["node"][r] for r in group}) == 1:
+            x0, y0 = min(x for x, _ in xs), xs[0][1]
+            ax.add_patch(plt.Rectangle((x0 - 0.1, y0 - 0.12), max(x for x, _ in xs) - x0 + 1.2,
+                                       1.14, fc=STYLE["tp"][0], alpha=0.18, ec="none"))
+    for r in range(world):
+        x, y = _position(r, g)
+        ax.add_patch(plt.Rectangle((x, y), 1.0, 0.9, fc="white", ec="k", lw=0.8,
+                                   zorder=3))
+        ax.text(x + 0.5, y + 0.45, layout["labels"][r], ha="center", va="center", fontsize=8,
+                zorder=4)
+    for d in ("cp", "pp", "dp", "tp"):
+        color, style = STYLE[d]
+        for i, group in enumerate(layout["groups"].get(d, [])):
+            if len(group) < 2 or (d == "tp" and not layout["crosses_nodes"]["tp"][i]):
+                continue                   # a tp group inside a node is its shaded band
+            pts = [_position(r, g) for r in group]
+            ax.plot([x + 0.5 + OFFSET.get(d, 0.0) for x, _ in pts], [y + 0.45 for _, y in pts],
+                    color=color, ls=style, lw=1.8, zorder=2,   # behind the boxes
+                    label=f"{d} group" if i == 0 else None)
+    if "tp" in dims and dims["tp"] > 1:
+        ax.plot([], [], color=STYLE["tp"][0], lw=8, alpha=0.25, label="tp group (in a node)")
+    ax.set_xlim(-1.3, g * 1.3)
+    ax.set_ylim(-(world // g - 1) * 1.6 - 0.4, 1.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    shape = " x ".join(f"{d}={s}" for d, s in dims.items())
+    ax.set_title(f"{shape} on nodes of {g} GPUs (rank order: last dimension fastest)",
+                 fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return ax.figure, layout
+
+
+__all__ = ["draw_rank_grid", "rank_grid_layout"]
