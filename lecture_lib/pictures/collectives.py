@@ -89,51 +89,59 @@ def _color(block: frozenset) -> str:
     return RANK_COLORS[next(iter(block))[0] % len(RANK_COLORS)] if len(block) == 1 else SUM_COLOR
 
 
-def draw_buffers(ax, buffers: Buffers, title: str) -> list[str]:
-    """Rows = ranks, columns = blocks; returns the labels written, row by row."""
+def draw_buffers(ax, buffers: Buffers, title: str, origin=(0.0, 0.0)) -> list[str]:
+    """One panel on ``ax`` with its top-left corner at ``origin`` (data units, y down): rows =
+    ranks, columns = blocks, one unit square per block. Returns the labels written, row by row."""
+    x0, y0 = origin
     p, written = len(buffers), []
     for i, row in enumerate(buffers):
+        ax.text(x0 - 0.15, y0 + i + 0.5, f"rank {i}", ha="right", va="center", fontsize=8)
         for j, block in enumerate(row):
-            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=_color(block), edgecolor="0.6",
-                                   lw=0.8))
+            ax.add_patch(Rectangle((x0 + j, y0 + i), 1, 1, facecolor=_color(block),
+                                   edgecolor="0.6", lw=0.8))
             text = label(block, p)
             written.append(text)
             if text:
-                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8,
-                        color="white")
-    ax.set_xlim(0, len(buffers[0]))
-    ax.set_ylim(p, 0)
-    ax.set_xticks([j + 0.5 for j in range(len(buffers[0]))],
-                  [f"block {j}" for j in range(len(buffers[0]))], fontsize=8)
-    ax.set_yticks([i + 0.5 for i in range(p)], [f"rank {i}" for i in range(p)], fontsize=8)
-    ax.tick_params(length=0)
-    ax.grid(False)
-    ax.set_aspect("equal")
-    for side in ax.spines.values():
-        side.set_visible(False)
-    ax.set_title(title, fontsize=9)
+                ax.text(x0 + j + 0.5, y0 + i + 0.5, text, ha="center", va="center", fontsize=8,
+                        color="white", gid="block")
+    ax.text(x0 - 0.15, y0 + p + 0.1, "block", ha="right", va="top", fontsize=8)
+    for j in range(len(buffers[0])):
+        ax.text(x0 + j + 0.5, y0 + p + 0.1, str(j), ha="center", va="top", fontsize=8)
+    ax.text(x0 + len(buffers[0]) / 2, y0 - 0.15, title, ha="center", va="bottom", fontsize=9)
     return written
 
 
+PANEL_W, PANEL_H = 6.0, 6.2               # a p = 4 panel and its margins, in data units
+
+
+def panel_origin(n: int, after: bool, p: int) -> tuple[float, float]:
+    """Top-left corner of collective ``n``'s before (or after) panel: two collectives a row."""
+    scale = p / 4
+    col = 2 * (n % 2) + (1 if after else 0)
+    return (col * PANEL_W * scale + 1.5, (n // 2) * PANEL_H * scale + 1.0)
+
+
 def draw(kinds=KINDS, p: int = 4, root: int = 0):
-    """Before and after of each collective, side by side; returns ``(fig, {kind: (before,
-    after)})``, the sets drawn. ``'i:j'`` = rank i's chunk j; ``'Σj'`` = chunk j summed."""
+    """Before and after of each collective, side by side, on one axes (cheap to draw);
+    returns ``(fig, {kind: (before, after)})``, the sets drawn. ``'i:j'`` = rank i's chunk j;
+    ``'Σj'`` = chunk j summed over all ranks."""
     kinds = list(kinds)
     data = {kind: contents(kind, p, root) for kind in kinds}
     rows = (len(kinds) + 1) // 2
-    fig, axes = plt.subplots(rows, 4, figsize=(11, 2.6 * rows), squeeze=False)
+    fig, ax = plt.subplots(figsize=(11, 2.75 * rows))
     for n, kind in enumerate(kinds):
-        ax_before, ax_after = axes[n // 2][2 * (n % 2)], axes[n // 2][2 * (n % 2) + 1]
         name = kind.replace("_", "-") + (f" (root {root})" if kind in ("broadcast", "reduce")
                                          else "")
-        draw_buffers(ax_before, data[kind][0], f"{name}: before")
-        draw_buffers(ax_after, data[kind][1], f"{name}: after")
-    for ax in axes.flat[2 * len(kinds):]:
-        ax.set_visible(False)
+        for after, when in ((False, "before"), (True, "after")):
+            draw_buffers(ax, data[kind][int(after)], f"{name}: {when}", panel_origin(n, after, p))
+    ax.set_xlim(0, 4 * PANEL_W * p / 4)
+    ax.set_ylim(rows * PANEL_H * p / 4, 0)
+    ax.set_aspect("equal")
+    ax.axis("off")
     fig.suptitle(f"what each collective does to {p} ranks' buffers ('i:j' = rank i's block j, "
                  "'Σj' = block j summed over all ranks, blank = not held)", fontsize=9)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.94, bottom=0.01)
     return fig, data
 
 
-__all__ = ["KINDS", "contents", "draw", "draw_buffers", "label"]
+__all__ = ["KINDS", "contents", "draw", "draw_buffers", "label", "panel_origin"]
