@@ -5,12 +5,18 @@ tensor holding the element-wise sum over all ranks. Use point-to-point
 messages only (``dist.send``, ``dist.recv``, ``dist.isend``, ``dist.irecv``):
 no collective such as ``all_reduce``. Do not modify the input.
 
-Hint: arrange the ranks in a ring. In each of ``world_size - 1`` steps, pass
-the tensor you received last to your right neighbour while receiving a new
-one from your left neighbour, and add it to your running total. Posting the
-send as ``isend`` before the blocking ``recv`` keeps every rank from waiting
-on the others (a deadlock). This is the pattern that ring all-reduce refines
-in notebook 01.
+It must work for any world size, including 1 (one rank: the sum is a copy of
+its own tensor). Careful: gloo cannot send a message from a rank to itself
+(it fails with "Pair is not connected"), which a single rank would be doing
+if it sent to its neighbour.
+
+Hint: think of the ranks as a ring, each with a right and a left neighbour.
+How many hops does a value need before every rank has seen it? If every rank
+first blocks in a send that only completes once the neighbour receives, who
+is left to receive? (Notebook 01, section 1, shows the way out.) A hang ends
+after the test's time limit with the Python stack of every rank, which tells
+you where each one was waiting. This is the pattern that ring all-reduce
+refines in notebook 01.
 """
 import torch
 import torch.distributed as dist

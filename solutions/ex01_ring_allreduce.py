@@ -8,19 +8,28 @@ returns, on every rank, a new tensor with the element-wise sum over all ranks
 Cut the flattened tensor into ``world_size`` chunks (``torch.tensor_split``
 gives chunks whose sizes differ by at most one, so any size works), then:
 
-1. ``reduce_scatter_(chunks)``: ``world_size - 1`` steps. In step ``s`` rank
-   ``r`` sends chunk ``(r - s - 1) % p`` to its right neighbour ``r + 1`` and
-   receives chunk ``(r - s - 2) % p`` from its left neighbour ``r - 1``, adding
-   what arrives to its own copy of that chunk. Afterwards ``chunks[r]`` on rank
-   ``r`` holds the sum over all ranks of chunk ``r``.
-2. ``all_gather_(chunks)``: ``world_size - 1`` steps. In step ``s`` rank ``r``
-   sends chunk ``(r - s) % p`` to the right and receives chunk ``(r - s - 1) % p``
-   from the left, overwriting its copy. Afterwards every chunk is the full sum.
+1. ``reduce_scatter_(chunks)``: ``world_size - 1`` steps; in each, every rank
+   sends one chunk to its right neighbour ``r + 1`` and adds the chunk arriving
+   from its left neighbour ``r - 1`` into its own copy of that chunk.
+   Afterwards ``chunks[r]`` on rank ``r`` holds the sum over all ranks of
+   chunk ``r`` (the other chunks may hold partial sums).
+2. ``all_gather_(chunks)``: ``world_size - 1`` steps; in each, every rank sends
+   one chunk right and overwrites its copy of the chunk arriving from the left.
+   Afterwards every chunk is the full sum on every rank.
 
 Both work in place on the list of chunks (views of one flat buffer). Post each
 send with ``isend`` before the matching receive so no rank waits for another
-to receive first, and skip empty chunks (a tensor with fewer elements than ranks).
-Notebook 01 draws the chunks moving round the ring step by step.
+to receive first, and skip empty chunks (a tensor with fewer elements than
+ranks). gloo cannot send from a rank to itself ("Pair is not connected"), so
+one rank must send nothing at all.
+
+Hint: which chunk to send in which step is the whole exercise. Work backwards
+from the end of the reduce-scatter: in its last step rank ``r`` must receive
+chunk ``r`` from its left neighbour, which must therefore have collected every
+other rank's share of it. Which chunk did rank ``r`` send in that step, and in
+the step before? Write the chunk index as a function of ``r`` and the step
+(mod ``p``) and check it on paper for ``p = 3``. Notebook 01 draws the chunks
+moving round the ring step by step (section 3).
 """
 import torch
 import torch.distributed as dist

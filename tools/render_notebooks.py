@@ -9,8 +9,13 @@ What ``make render`` runs (the headless variant of ``make course``). Beyond
   (``--cell-timeout``): a cell runs at most for what is left of its notebook's
   budget; past it the notebook is reported as too slow and the next one starts;
 * stores the widget state in the notebook, so that the HTML shows the
-  explorers' controls and figures instead of blank boxes (the HTML loads the
-  widget manager from a CDN, so widgets need a network connection to draw);
+  explorers' controls and figures instead of blank boxes. The live widget needs
+  the widget manager, which the HTML loads from a CDN (no copy of
+  @jupyter-widgets/html-manager ships with the Python packages: jupyterlab_widgets
+  holds a JupyterLab federated bundle, widgetsnbextension a classic-notebook
+  one), so after each widget the HTML also shows a *static snapshot* of it as
+  executed (:func:`add_widget_snapshots`): its controls and values, HTML and
+  images drawn from the stored state, readable offline;
 * runs the kernel with ``LECTURE_LIB_PROGRESS=lines``: progress as plain lines,
   which the HTML can show.
 
@@ -23,6 +28,7 @@ only as HTML. Exit status 1 when any notebook failed or ran past its limit.
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import sys
 import time
@@ -32,6 +38,75 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+BOXES = ("VBoxModel", "HBoxModel", "BoxModel", "GridBoxModel", "AccordionModel", "TabModel")
+SNAPSHOT_NOTE = ("static snapshot of the widget above, as executed (readable offline; the live "
+                 "widget needs its JavaScript from a CDN)")
+
+
+def widget_html(model_id: str, state: dict) -> str:
+    """HTML for one stored widget model and its children: boxes as flex rows/columns, HTML
+    as itself, images from their base64 buffers, controls as 'description: value'."""
+    model = state.get(model_id.removeprefix("IPY_MODEL_"))
+    if model is None:
+        return ""
+    name, values = model.get("model_name", ""), model.get("state", {})
+    if name in BOXES:
+        direction = "column" if name == "VBoxModel" else "row"
+        inner = "".join(f"<div>{widget_html(c, state)}</div>" for c in values.get("children", []))
+        return f'<div style="display:flex;flex-direction:{direction};gap:4px 16px">{inner}</div>'
+    if name in ("HTMLModel", "HTMLMathModel"):
+        return values.get("value", "")
+    if name == "ImageModel":
+        data = next((b["data"] for b in model.get("buffers", []) if b.get("path") == ["value"]),
+                    None)
+        fmt = values.get("format", "png")
+        return f'<img src="data:image/{fmt};base64,{data}"/>' if data else ""
+    if name == "OutputModel":
+        return "".join(_output_html(o) for o in values.get("outputs", []))
+    value = values.get("value")
+    if "_options_labels" in values and values.get("index") is not None:
+        value = values["_options_labels"][values["index"]]
+    if value is None and not values.get("description"):
+        return ""
+    label = html.escape(str(values.get("description", "")))
+    return f"<span><b>{label}</b> {html.escape(str(value))}</span>"
+
+
+def _output_html(output: dict) -> str:
+    data = output.get("data", {})
+    if "image/png" in data:
+        return f'<img src="data:image/png;base64,{data["image/png"]}"/>'
+    if "text/html" in data:
+        return "".join(data["text/html"])
+    text = output.get("text") or "".join(data.get("text/plain", ""))
+    return f"<pre>{html.escape(''.join(text))}</pre>" if text else ""
+
+
+def add_widget_snapshots(nb) -> int:
+    """After every widget output whose state is stored, add a display_data output with its
+    static snapshot as HTML; returns how many were added."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    added = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for output in cell.get("outputs", []):
+            outputs.append(output)
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            body = widget_html(view["model_id"], state) if view else ""
+            if body:
+                outputs.append(nbformat.v4.new_output(
+                    "display_data", data={"text/html": (
+                        f'<div class="widget-snapshot" style="border:1px dashed #999;'
+                        f'padding:6px"><div style="color:#666;font-size:small">{SNAPSHOT_NOTE}'
+                        f"</div>{body}</div>")}))
+                added += 1
+        cell.outputs = outputs
+    return added
 
 
 def first_line(cell) -> str:
@@ -69,6 +144,7 @@ def execute(path: Path, cell_timeout: float, notebook_timeout: float):
                 break
             timings.append((index, time.monotonic() - start))
         client.set_widgets_metadata()
+    add_widget_snapshots(nb)
     return nb, timings, problem
 
 

@@ -1,0 +1,31 @@
+"""Answers of notebook 00's self-study questions, computed with the course's memory model."""
+from __future__ import annotations
+
+from ..costmodel import GB, model_state_bytes
+from . import fmt
+
+GPT3_PARAMS = 175e9          # Brown et al. 2020
+SEVEN_B = 7e9                # a 7-billion-parameter model
+
+
+def q1_seven_billion() -> list[str]:
+    """Mixed-precision Adam: 16 bytes per parameter; how many 80 GB devices just for the state."""
+    state = model_state_bytes(SEVEN_B)                 # 2 + 2 + 12 bytes per parameter
+    devices = -(-state // (80 * GB))
+    return [fmt(state / 1e9, "GB"), f"{devices:.0f} devices"]
+
+
+def q3_gpt3_layout() -> list[str]:
+    """Model state per GPU when tensor x pipeline GPUs share one copy, for two layouts."""
+    state = model_state_bytes(GPT3_PARAMS)
+    return [fmt(state / (8 * 16) / 1e9, "GB"), fmt(state / (8 * 8) / 1e9, "GB")]
+
+
+def q4_global_batch() -> list[str]:
+    """global batch = micro-batch x accumulation steps x dp; in tokens at 2048 per sequence."""
+    micro, accumulation, dp, seq = 4, 8, 16, 2048
+    sequences = micro * accumulation * dp
+    return [f"{sequences} sequences", f"{sequences * seq:,} tokens"]
+
+
+ANSWERS = {"Q1": q1_seven_billion, "Q3": q3_gpt3_layout, "Q4": q4_global_batch}
