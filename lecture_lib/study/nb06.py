@@ -2,7 +2,7 @@
 
 Q1: the bubble of 1F1B and of interleaved 1F1B (Narayanan et al. 2021, section 2.2);
 Q2: activations held at rank 0's peak, GPipe against 1F1B (section 2.2.1);
-Q3: ZB-H1's bubble against 1F1B's with equal F, B, W (Qi et al. 2024, section 3).
+Q3: ZB-H1's bubble against 1F1B's with equal F, B, W (Qi et al. 2024, section 2.1).
 """
 from __future__ import annotations
 
