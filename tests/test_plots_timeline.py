@@ -73,3 +73,13 @@ def test_shade_keeps_chunk_zero_and_lightens_the_rest(chunks):
     assert base == pytest.approx(matplotlib.colors.to_rgb("#4C72B0"))
     lighter = [sum(plots.shade("#4C72B0", c, chunks)) for c in range(chunks)]
     assert lighter == sorted(lighter) and len(set(lighter)) == chunks
+
+
+def test_the_schedule_explorers_chart_is_numbered_and_legible():
+    from lecture_lib.widgets.pipeline import schedule_figure  # noqa: PLC0415  imports ipywidgets
+    fig, sim = schedule_figure("interleaved-1f1b", 4, 8, 2)
+    ax = fig.axes[0]
+    assert "7" in {t.get_text() for t in ax.texts}
+    assert "F chunk 1" in [t.get_text() for t in ax.get_legend().get_texts()]
+    check_figure(fig)
+    plt.close(fig)
