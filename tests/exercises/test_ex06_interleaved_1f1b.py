@@ -49,5 +49,6 @@ def test_is_not_gpipe(case):
 
 @pytest.mark.parametrize("case", [(2, 3, 2), (4, 6, 2), (2, 4, 1)], ids=str)
 def test_rejects_what_cannot_be_interleaved(case):
+    pp.validate(_schedule(2, 2, 2))            # a valid case works (so raising always fails)
     with pytest.raises(ValueError):
         ex.interleaved_1f1b(*case)
