@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
+from matplotlib.colors import to_rgb
 
 from . import emulate
 
@@ -25,6 +29,7 @@ COLORS = {
     "comm": "#C44E52", "communication": "#C44E52", "optimizer": "#8172B3",
     "idle": "#DDDDDD", "bubble": "#DDDDDD",
 }
+_ACTION = re.compile(r"([FBW])(\d+)(?:\.(\d+))?")   # str(Action): F3, B2.1
 
 
 def use_style() -> None:
@@ -77,29 +82,93 @@ def stamp(fig, backend: str | None = None, world_size: int | None = None,
              va="bottom", fontsize=8, color="0.4")
 
 
+class _Action(NamedTuple):
+    kind: str
+    microbatch: int
+    chunk: int
+
+
+def _action_of(text):
+    """A pipeline span's label (``str(pipeline.Action)``: 'F3', 'B2.1') as (kind,
+    micro-batch, chunk), or None."""
+    match = _ACTION.fullmatch(str(text))
+    return _Action(match[1], int(match[2]), int(match[3] or 0)) if match else None
+
+
+def shade(color: str, chunk: int, chunks: int) -> tuple:
+    """Chunk ``chunk`` of ``chunks`` in the colour of its kind: chunk 0 the colour itself,
+    later chunks mixed with white (up to half), so interleaved chunks tell apart."""
+    rgb = np.array(to_rgb(color))
+    mix = 0.55 * chunk / (chunks - 1) if chunks > 1 else 0.0
+    return tuple(rgb + (1.0 - rgb) * mix)
+
+
+def _fits(ax, width: float, text: str, fontsize: float) -> bool:
+    """Whether `text` fits in a bar `width` data units wide, at the axes' current scale."""
+    x0, x1 = ax.get_xlim()
+    pixels = width * ax.get_window_extent().width / abs(x1 - x0) if x1 != x0 else 0.0
+    return pixels >= (0.62 * len(text) * fontsize + 2) * ax.figure.dpi / 72
+
+
 def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms",
                   colors: dict | None = None, labels: bool = False,
-                  legend_outside: bool = False) -> None:
+                  legend_outside: bool = False, legend: bool = True) -> list[dict]:
     """Gantt chart: ``timelines[rank] = [(kind, start_s, end_s), ...]`` or
     ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top.
 
     Keys that are not ranks (strings such as ``"bucketed: comm"``) label their
     rows as given, in the dict's order. ``legend_outside`` puts the legend to
-    the right of the axes, clear of the data.
+    the right of the axes, clear of the data (``legend=False``: no legend).
+
+    Pipeline spans (text ``str(Action)``: 'F3', 'B2.1') are coloured by kind and
+    shaded by model chunk (legend 'F chunk 1' when a rank holds several); with
+    ``labels`` each box shows its micro-batch number (other spans their text)
+    where it fits. Returns what was drawn: one dict per span (``row``, ``kind``,
+    ``microbatch``, ``chunk``, ``color``, ``text`` written or None).
     """
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     colors = {**COLORS, **(colors or {})}
     ranks = sorted(timelines) if all(isinstance(k, int) for k in timelines) else list(timelines)
-    seen = {}
+    actions = {id(sp): _action_of(sp[3]) for r in ranks for sp in timelines[r] if len(sp) > 3}
+    chunks = 1 + max((a.chunk for a in actions.values() if a), default=0)
+    seen, drawn = {}, []
     for row, rank in enumerate(ranks):
         for span in timelines[rank]:
             kind, start, end = span[:3]
+            action = actions.get(id(span))
+            color = colors.get(kind, "#999999")
+            key = kind
+            if action is not None:
+                color = shade(color, action.chunk, chunks)
+                key = f"{kind} chunk {action.chunk}" if chunks > 1 else kind
             bar = ax.barh(row, (end - start) * scale, left=start * scale, height=0.7,
-                          color=colors.get(kind, "#999999"), edgecolor="white", linewidth=0.5)
-            seen.setdefault(kind, bar)
-            if labels and len(span) > 3:
-                ax.text((start + end) / 2 * scale, row, str(span[3]), ha="center",
-                        va="center", fontsize=7, color="white")
+                          color=color, edgecolor="white", linewidth=0.5)
+            seen.setdefault(key, bar)
+            drawn.append({"row": row, "kind": kind, "start": start * scale,
+                          "width": (end - start) * scale, "color": color, "text": None,
+                          "microbatch": action.microbatch if action else None,
+                          "chunk": action.chunk if action else None})
+    if labels:
+        _write_labels(ax, [sp for r in ranks for sp in timelines[r]], actions, drawn)
+    if any("chunk" in key for key in seen):          # F chunk 0, F chunk 1, B chunk 0, ...
+        seen = dict(sorted(seen.items(), key=lambda kv: ("FBW".find(kv[0][0]), kv[0])))
+    _finish_timeline(ax, ranks, unit, title, seen if legend else None, legend_outside)
+    return drawn
+
+
+def _write_labels(ax, spans, actions, drawn, fontsize: float = 8) -> None:
+    ax.autoscale_view()
+    for span, box in zip(spans, drawn):
+        action = actions.get(id(span))
+        text = str(action.microbatch) if action else (str(span[3]) if len(span) > 3 else "")
+        if text and _fits(ax, box["width"], text, fontsize):
+            light = sum(to_rgb(box["color"])) / 3 > 0.6
+            ax.text(box["start"] + box["width"] / 2, box["row"], text, ha="center",
+                    va="center", fontsize=fontsize, color="black" if light else "white")
+            box["text"] = text
+
+
+def _finish_timeline(ax, ranks, unit, title, seen, legend_outside) -> None:
     ax.set_yticks(range(len(ranks)), [f"rank {r}" if isinstance(r, int) else str(r)
                                       for r in ranks])
     ax.invert_yaxis()
@@ -107,6 +176,8 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
+    if seen is None:
+        return
     if legend_outside:
         ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   fontsize=8)

@@ -25,9 +25,10 @@ Rules and hints:
   recv_splits, group)``: ``all_to_all_single`` on dim 0 with split sizes,
   written as an autograd Function so the gradient travels back through it
   (the tests backpropagate through your code).
-* Sort the tokens by expert before sending (``argsort(stable=True)``): then the
-  rows for each destination rank are contiguous, in expert order, and the
-  received block from each rank is ordered by expert too.
+* Order the rows you send by expert (a stable sort keeps the tokens of one
+  expert in their original order): then the rows for each destination rank are
+  contiguous, in expert order, and the block received from each rank is ordered
+  by expert too. Keep the order: combine has to undo it.
 * Do not modify ``x``.
 """
 from dataclasses import dataclass

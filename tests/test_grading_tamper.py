@@ -73,7 +73,8 @@ def test_gradescope_results_json(tmp_path):
     folder = tmp_path / "student"
     folder.mkdir()
     shutil.copy(exercises.SOLUTIONS / "ex04_memory_per_device.py", folder)
-    (folder / "ex06_one_f_one_b.py").write_text("def one_f_one_b(p, m):\n    raise ValueError\n")
+    (folder / "ex06_interleaved_1f1b.py").write_text(
+        "def interleaved_1f1b(p, m, v):\n    raise ValueError\n")
     results = tmp_path / "results" / "results.json"
     proc, _ = _grade(folder, "--gradescope", str(results))
     assert proc.returncode == 0

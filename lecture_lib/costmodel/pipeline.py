@@ -13,7 +13,7 @@ Interleaving ``v`` model chunks per rank shrinks each slot of the ramp by ``v``
 
     bubble = (p - 1) / (v m + p - 1)
 
-ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3) fills
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 2.1) fills
 part of the ramp with weight-gradient work W; its bubble is
 ``(p - 1)(t_F + t_B - t_W)`` per rank against ``m (t_F + t_B + t_W)`` of work.
 

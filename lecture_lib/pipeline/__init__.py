@@ -45,7 +45,7 @@ from .simulate import (
                           makespan_of,
                           simulate,
 )
-from .stage import PipelineChunk, check_pipeline, check_split, split_gpt
+from .stage import PipelineChunk, check_pipeline, check_split, layer_ranges, split_gpt
 from .validate import dependencies, messages, topological_order, validate
 
 __all__ = [
@@ -53,7 +53,8 @@ __all__ = [
     "Schedule", "Simulation", "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of",
     "bubble_report", "measure_emulated_bubbles",
     "busy_time", "check_cost", "check_pipeline", "check_split", "compare_with_torch",
-    "dependencies", "dependency_violations", "exchange", "make_schedule", "makespan_of", "merge",
+    "dependencies", "dependency_violations", "exchange", "layer_ranges", "make_schedule",
+    "makespan_of", "merge",
     "message_latency", "messages", "nap_until", "simulate", "split_gpt", "step_time_ratio",
     "topological_order", "train", "train_many", "train_stage", "validate",
 ]

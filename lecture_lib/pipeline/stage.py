@@ -73,16 +73,22 @@ def check_split(n_layers: int, num_stages: int, chunks: int = 1, layers=None) ->
                          f"{chunks} chunks: n_layers must be a multiple of {parts}")
 
 
+def layer_ranges(n_layers: int, num_stages: int, chunks: int = 1, layers=None) -> list[range]:
+    """The blocks of each virtual stage, in order: ``n_layers / (num_stages * chunks)`` each,
+    or ``layers[s]`` blocks in virtual stage ``s``. Rank r's chunk c is virtual stage
+    ``c * num_stages + r`` (:meth:`~.actions.Schedule.stage`)."""
+    check_split(n_layers, num_stages, chunks, layers)
+    parts = num_stages * chunks
+    sizes = tuple(layers) if layers is not None else (n_layers // parts,) * parts
+    starts = [sum(sizes[:s]) for s in range(parts + 1)]
+    return [range(starts[s], starts[s + 1]) for s in range(parts)]
+
+
 def split_gpt(gpt: GPT, num_stages: int, chunks: int = 1, layers=None) -> list[PipelineChunk]:
     """The model's virtual stages, in order (``num_stages * chunks`` of them): equal ones,
     or ``layers[s]`` blocks in virtual stage ``s`` (e.g. ``(1, 2, 2, 3)``)."""
-    n = gpt.cfg.n_layers
-    check_split(n, num_stages, chunks, layers)
-    parts = num_stages * chunks
-    sizes = tuple(layers) if layers is not None else (n // parts,) * parts
-    starts = [sum(sizes[:s]) for s in range(parts + 1)]
-    return [PipelineChunk(gpt, range(starts[s], starts[s + 1]), s == 0, s == parts - 1)
-            for s in range(parts)]
+    ranges = layer_ranges(gpt.cfg.n_layers, num_stages, chunks, layers)
+    return [PipelineChunk(gpt, r, s == 0, s == len(ranges) - 1) for s, r in enumerate(ranges)]
 
 
 def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int, layers=None) -> None:

@@ -30,15 +30,12 @@ def schedule_figure(name: str, p: int, m: int, v: int = 1, t_forward: float = 1.
         theory = zb_h1_bubble(p, m, t_forward, t_backward, t_weight)
     else:
         theory = pipeline_bubble(p, m, v if name == "interleaved-1f1b" else 1)
-    plots.plot_timeline(ax, sim.timeline, unit="s", labels=p * m * v <= 64,
+    plots.plot_timeline(ax, sim.timeline, unit="s", labels=True, legend_outside=True,
                         title=f"{name}: p={p}, m={m}" + (f", v={v}" if v > 1 else "")
                         + f"; simulated bubble {sim.bubble_fraction:.1%} "
                         f"(closed form {theory:.1%}); peak activations "
                         f"{max(sim.peak_activations):g} micro-batches")
     ax.set_xlabel("time (units of one stage's forward)")
-    legend = ax.get_legend()
-    ax.legend(legend.legend_handles, [t.get_text() for t in legend.get_texts()],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     return fig, sim
 
 

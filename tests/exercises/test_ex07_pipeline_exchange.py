@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from lecture_lib import pipeline as pp
-from lecture_lib.grading import load_exercise
+from lecture_lib.grading import assert_close_per_rank, load_exercise
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss
 
 ex = load_exercise("ex07")
@@ -29,10 +29,13 @@ def _both_directions():
 
 def test_send_and_receive_in_one_batch():
     results = ex.run(_both_directions, 2, timeout=60)
-    for rank, (received, n, empty) in enumerate(results):
-        torch.testing.assert_close(received, torch.full((3, 4), float(2 - rank)))
-        assert n == 1, "return the requests of the sends (one per send)"
-        assert empty == []
+    assert_close_per_rank([received for received, _, _ in results],
+                          [torch.full((3, 4), float(2 - rank)) for rank in range(2)],
+                          "the buffer each rank received from the other")
+    for rank, (_, n, empty) in enumerate(results):
+        assert n == 1, (f"rank {rank}: return the requests of the sends (one per send): "
+                        f"expected 1, got {n}")
+        assert empty == [], f"rank {rank}: nothing to do should return [], got {empty!r}"
 
 
 def _chain():
@@ -53,10 +56,14 @@ def _chain():
 
 def test_middle_stage_talks_to_both_neighbours():
     results = ex.run(_chain, 3, timeout=60)
-    torch.testing.assert_close(results[1][0], torch.full((2,), 20.0))
-    torch.testing.assert_close(results[1][1], torch.full((2,), 12.0))
-    torch.testing.assert_close(results[0][1], torch.full((2,), 11.0))
-    torch.testing.assert_close(results[2][0], torch.full((2,), 21.0))
+    # rank r's left buffer holds what rank r-1 sent right (20 + r-1), its right buffer what
+    # rank r+1 sent left (10 + r+1); an end of the chain receives nothing on its open side
+    assert_close_per_rank([left for left, _ in results],
+                          [torch.zeros(2), torch.full((2,), 20.0), torch.full((2,), 21.0)],
+                          "the buffer received from the left neighbour")
+    assert_close_per_rank([right for _, right in results],
+                          [torch.full((2,), 11.0), torch.full((2,), 12.0), torch.zeros(2)],
+                          "the buffer received from the right neighbour")
 
 
 def _train_with_student_exchange(schedules):

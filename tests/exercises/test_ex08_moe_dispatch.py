@@ -67,6 +67,8 @@ def test_dispatch_sends_each_token_to_its_experts_rank(world_size):
         assert ((got_e >= rank * local) & (got_e < (rank + 1) * local)).all(), \
             f"rank {rank} received tokens of another rank's expert"
         for e in range(rank * local, (rank + 1) * local):
+            want, got = int((idx_all == e).sum()), int((got_e == e).sum())
+            assert got == want, f"rank {rank}: expected {want} rows for expert {e}, got {got}"
             torch.testing.assert_close(_sorted_rows(res["received"][got_e == e]),
                                        _sorted_rows(x_all[idx_all == e]),
                                        msg=f"tokens of expert {e} on rank {rank}")

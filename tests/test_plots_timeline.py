@@ -1,0 +1,85 @@
+"""plots.plot_timeline: every pipeline Gantt chart writes the micro-batch in its boxes and
+tells interleaved chunks apart (issue 17). No ranks run: simulated timelines only."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from lecture_lib import pipeline as pp  # noqa: E402
+from lecture_lib import plots  # noqa: E402
+from lecture_lib.figure_check import check_figure  # noqa: E402
+
+
+def _draw(schedule, **kw):
+    fig, ax = plt.subplots(figsize=(12, 2.5))
+    drawn = plots.plot_timeline(ax, pp.simulate(schedule, 1.0, 1.0, 1.0).timeline,
+                                unit="s", **kw)
+    fig.tight_layout()
+    return fig, ax, drawn
+
+
+def test_each_box_shows_its_microbatch():
+    schedule = pp.make_schedule("1f1b", 2, 4)
+    fig, ax, drawn = _draw(schedule, labels=True, legend_outside=True)
+    texts = [t.get_text() for t in ax.texts]
+    assert "3" in texts and sorted(set(texts)) == ["0", "1", "2", "3"]
+    assert len(drawn) == sum(len(a) for a in schedule.actions)
+    for box in drawn:
+        assert box["text"] == str(box["microbatch"]), box      # every box fits at this size
+    for rank, acts in enumerate(schedule.actions):             # row r, in program order
+        row = [b for b in drawn if b["row"] == rank]
+        assert [(b["kind"], b["microbatch"]) for b in row] == [(a.kind, a.microbatch)
+                                                               for a in acts]
+    check_figure(fig)
+    plt.close(fig)
+
+
+def test_a_box_too_narrow_gets_no_text():
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    drawn = plots.plot_timeline(ax, pp.simulate(pp.make_schedule("gpipe", 2, 16), 1.0, 1.0)
+                                .timeline, unit="s", labels=True, legend=False)
+    assert all(b["text"] is None for b in drawn) and not ax.texts
+    assert ax.get_legend() is None
+    plt.close(fig)
+
+
+def test_interleaved_chunks_have_their_own_shade_and_legend_entry():
+    schedule = pp.make_schedule("interleaved-1f1b", 2, 2, 2)
+    fig, ax, drawn = _draw(schedule, labels=True, legend_outside=True)
+    colors = {(b["kind"], b["chunk"]): b["color"] for b in drawn}
+    assert set(colors) == {("F", 0), ("F", 1), ("B", 0), ("B", 1)}
+    assert len(set(colors.values())) == 4, "each (kind, chunk) its own colour"
+    assert colors[("F", 0)] == plots.shade(plots.COLORS["F"], 0, 2)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["F chunk 0", "F chunk 1", "B chunk 0", "B chunk 1"]
+    check_figure(fig)                                          # the legend is outside
+    plt.close(fig)
+
+
+def test_plain_spans_unchanged():
+    fig, ax = plt.subplots()
+    drawn = plots.plot_timeline(ax, {0: [("comm", 0.0, 1.0)], 1: [("compute", 0.5, 2.0)]})
+    assert [(b["row"], b["kind"], b["microbatch"]) for b in drawn] == [(0, "comm", None),
+                                                                       (1, "compute", None)]
+    assert drawn[0]["color"] == plots.COLORS["comm"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["comm", "compute"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 4])
+def test_shade_keeps_chunk_zero_and_lightens_the_rest(chunks):
+    base = plots.shade("#4C72B0", 0, chunks)
+    assert base == pytest.approx(matplotlib.colors.to_rgb("#4C72B0"))
+    lighter = [sum(plots.shade("#4C72B0", c, chunks)) for c in range(chunks)]
+    assert lighter == sorted(lighter) and len(set(lighter)) == chunks
+
+
+def test_the_schedule_explorers_chart_is_numbered_and_legible():
+    from lecture_lib.widgets.pipeline import schedule_figure  # noqa: PLC0415  imports ipywidgets
+    fig, sim = schedule_figure("interleaved-1f1b", 4, 8, 2)
+    ax = fig.axes[0]
+    assert "7" in {t.get_text() for t in ax.texts}
+    assert "F chunk 1" in [t.get_text() for t in ax.get_legend().get_texts()]
+    check_figure(fig)
+    plt.close(fig)
