@@ -19,7 +19,27 @@ share of the parameters:
   hyper-parameters).
 
 Gradients arrive already averaged over the ranks (DDP's job), so ``step``
-does no gradient communication. This is a simpler cut than
+does no gradient communication.
+
+Two traps, both about how ``torch.optim.Optimizer`` works inside:
+
+* ``torch.optim.Optimizer.__init__`` calls ``self.add_param_group`` for every
+  group you pass it, and that is *your* override. Whatever your
+  ``add_param_group`` uses (rank, world size, the wrapped optimizer's class and
+  keyword arguments, the table of owners) must exist before ``super().__init__``
+  runs.
+* The tests read ``opt.state`` to see which parameters have optimizer state on
+  which rank. ``Optimizer.__init__`` gives ``self`` an empty ``state`` of its
+  own, while the moments are created inside the wrapped optimizer: ``opt.state``
+  must be the wrapped optimizer's ``state`` itself (the same dict, not a copy),
+  or every rank appears to keep state for nothing.
+
+Hints (the idea, not the code): the base class already does the checking and
+default-filling of a group, so let it, then split the group it stored into the
+parameters this rank owns; the wrapped optimizer gets a group with the same
+hyper-parameters and only those. After the wrapped step, each parameter's
+owner is the one rank whose copy is up to date: it is the source every other
+rank copies from, in the same order on every rank. This is a simpler cut than
 ``lecture_lib.zero.ShardedOptimizer``, which slices every parameter into N
 equal pieces: here a rank's share depends on how the sizes fall.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 from .metrics import saved_tensor_bytes, state_bytes, tensor_bytes, wall_time
 
@@ -164,16 +165,22 @@ def checkpoint_blocks(model: nn.Module, enabled: bool = True) -> nn.Module:
 
 
 def activation_profile(model: nn.Module, x, y, checkpointing: bool, repeats: int = 3) -> dict:
-    """Activation bytes autograd keeps (saved-tensor hooks) and the time of a training step.
+    """Activation bytes autograd keeps (saved-tensor hooks), FLOPs and time of a training step.
 
-    Returns ``activation_bytes`` (saved bytes less the parameters) and
-    ``step_seconds`` (the fastest of ``repeats`` forward + backward passes).
+    Returns ``activation_bytes`` (saved bytes less the parameters), ``step_flops``
+    (FLOPs of one forward + backward, counted by ``torch.utils.flop_counter``, the
+    recomputed forward included) and ``step_seconds`` (the fastest of ``repeats``
+    forward + backward passes, real time).
     """
     checkpoint_blocks(model, checkpointing)
     try:
         with saved_tensor_bytes() as saved:
             loss = model(x, y)
         loss.backward()
+        model.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as counter:
+            model(x, y).backward()
+        flops = counter.get_total_flops()
         times = []
         for _ in range(repeats):
             model.zero_grad(set_to_none=True)
@@ -182,4 +189,5 @@ def activation_profile(model: nn.Module, x, y, checkpointing: bool, repeats: int
             times.append(t.seconds)
     finally:
         checkpoint_blocks(model, False)
-    return {"activation_bytes": saved.activation_bytes(model), "step_seconds": min(times)}
+    return {"activation_bytes": saved.activation_bytes(model), "step_flops": flops,
+            "step_seconds": min(times)}

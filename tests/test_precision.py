@@ -86,3 +86,11 @@ def test_bad_input():
         P.MixedPrecisionTrainer(GPT(CFG), "fp16", loss_scale=-1)
     with pytest.raises(TypeError, match="no .blocks"):
         P.checkpoint_blocks(torch.nn.Linear(2, 2))
+
+
+def test_checkpointing_counts_one_more_forward():
+    """FLOPs counted, not timed: forward 1 + backward 2 + recomputed forward 1 of the blocks."""
+    x, y = MarkovText().batch(0, 4)
+    plain, ckpt = (P.activation_profile(GPT(GPTConfig(n_layers=2)), x, y, on, repeats=1)
+                   ["step_flops"] for on in (False, True))
+    assert 1.1 < ckpt / plain <= 4 / 3, (plain, ckpt)    # embeddings and head are not recomputed

@@ -76,18 +76,24 @@ def test_trains_equal_to_one_process(world_size, bucket_size_mb):
 def test_buckets_are_launched_async_during_backward():
     model_bytes = sum(p.numel() * 4 for p in GPT(CFG).parameters())
     res = ex.run(_train_on_rank, 2, 0.02, timeout=120)[0]
-    assert res["buckets"] >= model_bytes / (0.02 * 2**20) - 1, "too few buckets for the size"
-    assert res["buckets"] > 1
+    least = model_bytes / (0.02 * 2**20) - 1
+    assert res["buckets"] >= least and res["buckets"] > 1, (
+        f"rank 0: {res['buckets']} buckets for {model_bytes} bytes of gradients in buckets of "
+        f"0.02 MB: expected at least {max(least, 2):.0f}")
     for step, calls in enumerate(res["launched"]):
         assert len(calls) == res["buckets"], (
             f"step {step}: {len(calls)} all-reduces launched during backward, expected one per "
             f"bucket ({res['buckets']})")
-        assert all(calls), "launch the all-reduces with async_op=True"
+        assert all(calls), (f"step {step}: expected every all-reduce launched with "
+                            f"async_op=True, got {calls}")
 
 
 def test_one_bucket_when_it_is_large():
     res = ex.run(_train_on_rank, 2, 1000.0, timeout=120)[0]
-    assert res["buckets"] == 1 and all(len(c) == 1 for c in res["launched"])
+    launched = [len(c) for c in res["launched"]]
+    assert res["buckets"] == 1 and all(n == 1 for n in launched), (
+        f"rank 0, buckets of 1000 MB: expected 1 bucket and 1 all-reduce per step, got "
+        f"{res['buckets']} buckets and {launched} all-reduces")
 
 
 def test_bucket_size_must_be_positive():

@@ -17,7 +17,10 @@ def _states(m):
 def test_zero_paper_figure_1():
     got = [_states(ex.memory_per_device(7.5e9, 32, 4096, 32, 1024, 1, dp=64, zero_stage=s)) / 1e9
            for s in range(4)]
-    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+    want = [120.0, 31.4, 16.6, 1.9]
+    assert [round(g, 1) for g in got] == want, (
+        f"model states of 7.5B parameters on 64 GPUs, ZeRO stages 0-3 (GB): expected {want}, "
+        f"got {[round(g, 1) for g in got]}")
 
 
 @pytest.mark.parametrize("kw", [
@@ -34,15 +37,19 @@ def test_agrees_with_the_library(kw):
         zero_stage=kw.get("zero_stage", 0), micro_batch=kw["micro_batch"],
         recompute=kw.get("recompute", "none"))
     for kind in ("params", "grads", "optimizer", "activations", "total"):
-        assert got[kind] == pytest.approx(want[kind], rel=1e-9), kind
+        assert got[kind] == pytest.approx(want[kind], rel=1e-9), (
+            f"{kind} with {kw}: expected {want[kind] / 1e9:.4f} GB, got {got[kind] / 1e9:.4f} GB")
 
 
 def test_gpt3_activations_per_layer():
     # Korthikanti et al. 2022: for GPT-3, 5as/h = 80, larger than the 34 of everything else
     one_layer = dict(GPT3, layers=1)
     sbh = 2048 * 12288
-    assert ex.memory_per_device(**one_layer)["activations"] == pytest.approx(sbh * 114)
-    assert ex.memory_per_device(**one_layer, recompute="full")["activations"] == 2 * sbh
+    got = ex.memory_per_device(**one_layer)["activations"]
+    assert got == pytest.approx(sbh * 114), (
+        f"one GPT-3 layer: expected 114 s b h bytes, got {got / sbh:.2f} s b h")
+    got = ex.memory_per_device(**one_layer, recompute="full")["activations"]
+    assert got == 2 * sbh, f"full recomputation: expected 2 s b h bytes, got {got / sbh:.2f} s b h"
 
 
 @pytest.mark.parametrize("bad", [dict(zero_stage=4), dict(recompute="half"), dict(dp=0),

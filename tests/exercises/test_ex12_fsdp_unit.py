@@ -79,9 +79,11 @@ def test_fp32_trains_like_one_process_and_frees_what_it_gathers():
     for rank, r in enumerate(ex.run(_both, 2, STEPS, timeout=60)):
         got = r["fp32"]
         assert_same_training(got["result"], ref, rtol=1e-5, atol=1e-6)
-        assert got["held"] == [0] * 4, f"rank {rank}: full weights left after backward"
+        assert got["held"] == [0] * 4, (f"rank {rank}: elements of full weights left after "
+                                        f"backward: expected [0, 0, 0, 0], got {got['held']}")
         expected = [((p.numel() + 1) // 2,) for p in ToyMLP(SIZES).parameters()]
-        assert [s for s, _, _ in got["shards"]] == expected, f"rank {rank}: {got['shards']}"
+        shapes = [s for s, _, _ in got["shards"]]
+        assert shapes == expected, f"rank {rank}: shard shapes: expected {expected}, got {shapes}"
 
 
 def _cast_reference_grads():
@@ -97,14 +99,26 @@ def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
     results = ex.run(_both, 2, 1, timeout=60)
     for rank, r in enumerate(results):
         fp32, bf16 = r["fp32"], r["bf16"]
-        assert bf16["seen"][0] == (torch.bfloat16, (7, 5)), f"rank {rank}: {bf16['seen']}"
-        assert all(d == g == torch.float32 for _, d, g in bf16["shards"]), bf16["shards"]
-        assert bf16["gathered"] * 2 == fp32["gathered"] > 0, "cast to bf16 before gathering"
-        assert bf16["scattered"] * 2 == fp32["scattered"] > 0, "reduce-scatter in bf16"
-        assert bf16["held"] == [0] * 4
+        assert bf16["seen"][0] == (torch.bfloat16, (7, 5)), (
+            f"rank {rank}: the first layer computed with (dtype, weight shape): expected "
+            f"(torch.bfloat16, (7, 5)), got {bf16['seen'][0]}")
+        dtypes = [(d, g) for _, d, g in bf16["shards"]]
+        assert all(d == g == torch.float32 for d, g in dtypes), (
+            f"rank {rank}: (shard, shard grad) dtypes: expected float32 for all, got {dtypes}")
+        assert bf16["gathered"] * 2 == fp32["gathered"] > 0, (
+            f"rank {rank}: bytes all-gathered, bf16 vs fp32: expected half, got "
+            f"{bf16['gathered']} vs {fp32['gathered']} (cast before gathering)")
+        assert bf16["scattered"] * 2 == fp32["scattered"] > 0, (
+            f"rank {rank}: bytes reduce-scattered, bf16 vs fp32: expected half, got "
+            f"{bf16['scattered']} vs {fp32['scattered']} (reduce-scatter in the compute dtype)")
+        assert bf16["held"] == [0] * 4, (f"rank {rank}: full weights left after backward: "
+                                         f"expected [0, 0, 0, 0], got {bf16['held']}")
     for i, want in enumerate(ref):
         got = torch.cat([r["bf16"]["grads"][i] for r in results])[:want.numel()]
-        assert (got - want).norm() <= 0.03 * want.norm() + 1e-8, f"parameter {i}"
+        err = ((got - want).norm() / (want.norm() + 1e-12)).item()
+        assert err <= 0.03 + 1e-8 / (want.norm().item() + 1e-12), (
+            f"parameter {i}: gathered bf16 gradient against one process: expected relative "
+            f"error <= 0.03, got {err:.3g}")
 
 
 def test_works_at_world_size_4():

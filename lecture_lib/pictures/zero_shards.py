@@ -1,0 +1,119 @@
+"""Which rank holds which shard of the model states under DDP and ZeRO-1/2/3.
+
+Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", Figure 1): every tensor is cut into ``p`` shards, one per
+data-parallel rank (:mod:`lecture_lib.zero.shards`: rank r owns elements
+``[r c, (r + 1) c)``, ``c = ceil(numel / p)``). Plain data parallelism (DDP)
+keeps every shard of the parameters, gradients and optimizer states on every
+rank; ZeRO-1 keeps only shard r of the optimizer states on rank r, ZeRO-2 also
+only shard r of the gradients, ZeRO-3 also only shard r of the parameters.
+
+Which kinds a stage shards is read from the memory model
+(:func:`lecture_lib.costmodel.model_state_breakdown`: a kind is sharded when a
+rank holds 1/p of it), and each block's element range from
+:func:`lecture_lib.zero.shards.shard_bounds`, the cut the sharded optimizer and
+the fully sharded model use. :func:`holdings` is the data; :func:`draw_zero_shards`
+draws it as a grid rank x {params, grads, optimizer}, one square per shard.
+The picture shows what a rank keeps between steps: ZeRO-2 and ZeRO-3 hold a
+full gradient or a full unit's parameters only briefly, while they are reduced
+or used.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from ..costmodel.memory import model_state_breakdown
+from ..plots import COLORS
+from ..zero.shards import shard_bounds
+
+KINDS = ("params", "grads", "optimizer")
+STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+KIND_COLORS = {"params": COLORS["compute"], "grads": COLORS["backward"],
+               "optimizer": COLORS["optimizer"]}
+MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
+
+
+def sharded_kinds(stage: int, world_size: int) -> tuple[str, ...]:
+    """The kinds of model state a rank holds 1/world_size of at this stage (memory model)."""
+    if world_size < 2:
+        return ()
+    full = model_state_breakdown(1.0, 1, 0, 1, 1, 1)
+    split = model_state_breakdown(1.0, world_size, stage, 1, 1, 1)
+    return tuple(k for k in KINDS if split[k] < full[k])
+
+
+def holdings(stage: int, world_size: int, numel: int) -> dict[int, dict[str, list]]:
+    """``{rank: {kind: [(shard, lo, hi), ...]}}``: the shards of a ``numel``-element tensor held."""
+    if world_size < 1 or numel < world_size:
+        raise ValueError(f"need 1 <= world_size <= numel, not world_size={world_size}, "
+                         f"numel={numel}")
+    sharded = sharded_kinds(stage, world_size)
+    bounds = [shard_bounds(numel, b, world_size)[1:] for b in range(world_size)]
+    return {r: {k: [(b, *bounds[b]) for b in ([r] if k in sharded else range(world_size))]
+                for k in KINDS}
+            for r in range(world_size)}
+
+
+def bytes_per_rank_in_psi(stage: int, world_size: int) -> float:
+    """Model-state bytes per rank per parameter, mixed-precision Adam (2 + 2 + 12)."""
+    return model_state_breakdown(1.0, world_size, stage, **MIXED_ADAM)["total"]
+
+
+def _draw_stage(ax, held: dict, world_size: int) -> int:
+    """One panel: rows are ranks, three groups of ``world_size`` squares; returns squares filled."""
+    filled = 0
+    for r in range(world_size):
+        for g, kind in enumerate(KINDS):
+            mine = {b for b, _, _ in held[r][kind]}
+            for b in range(world_size):
+                x = g * (world_size + 1) + b
+                on = b in mine
+                filled += on
+                ax.add_patch(Rectangle((x, r), 0.9, 0.9, facecolor=KIND_COLORS[kind] if on
+                                       else "white", edgecolor=KIND_COLORS[kind], lw=1.0))
+                if on:
+                    ax.text(x + 0.45, r + 0.45, str(b), ha="center", va="center",
+                            fontsize=8, color="white")
+    width = len(KINDS) * (world_size + 1) - 1
+    ax.set_xlim(-0.2, width + 0.1)
+    ax.set_ylim(world_size, -0.1)
+    centres = [g * (world_size + 1) + world_size / 2 - 0.05 for g in range(len(KINDS))]
+    ax.set_xticks(centres, list(KINDS), fontsize=8)
+    ax.set_yticks([r + 0.45 for r in range(world_size)], [f"rank {r}" for r in range(world_size)],
+                  fontsize=8)
+    ax.tick_params(length=0)
+    ax.grid(False)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    return filled
+
+
+def draw_zero_shards(world_size: int = 4, numel: int = 1024, stages=(0, 1, 2, 3)):
+    """The picture: one panel per stage; returns ``(fig, data)``.
+
+    ``data[stage] = {"holdings": holdings(...), "filled": squares drawn filled,
+    "bytes_per_param": model-state bytes per rank per parameter}``. Square ``b`` in
+    a rank's group is shard ``b`` of that kind (elements ``shard_bounds(numel, b, p)``),
+    filled when the rank holds it.
+    """
+    fig, axes = plt.subplots(1, len(stages), figsize=(3.3 * len(stages), 0.6 * world_size + 1.4),
+                             squeeze=False)
+    data = {}
+    for ax, stage in zip(axes[0], stages):
+        held = holdings(stage, world_size, numel)
+        per_param = bytes_per_rank_in_psi(stage, world_size)
+        data[stage] = {"holdings": held, "filled": _draw_stage(ax, held, world_size),
+                       "bytes_per_param": per_param}
+        ax.set_title(f"{STAGE_NAMES[stage]}: {per_param:g} Psi bytes per rank", fontsize=9)
+    fig.suptitle(f"which rank holds which shard ({world_size} data-parallel ranks; "
+                 "square b = shard b, filled = held)", fontsize=10)
+    fig.text(0.5, 0.01, "bytes: mixed-precision Adam, 2 + 2 + 12 per parameter "
+             "(Rajbhandari et al. 2020); Psi = number of parameters",
+             ha="center", fontsize=8, color="0.4")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig, data
+
+
+__all__ = ["KINDS", "STAGE_NAMES", "bytes_per_rank_in_psi", "draw_zero_shards", "holdings",
+           "sharded_kinds"]
