@@ -11,13 +11,24 @@ A linear layer computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
   The partial products go through **g**: an all-reduce forward (sum the
   partial results), the identity backward. The bias is added once, after g.
 
-Build each from a full ``nn.Linear`` by slicing (``torch.chunk`` is handy),
-as plain ``nn.Parameter`` tensors. Write f and g as ``torch.autograd.Function``
-classes: ``forward(ctx, x)`` and ``backward(ctx, grad)``. The all-reduce
-works in place, so reduce a copy (``x.clone()``), never the tensor autograd
-handed you. Use the default process group (``dist.all_reduce(t)``).
+Build each layer from a full ``nn.Linear`` (its shard as new ``nn.Parameter`` tensors on this
+rank), and f and g as ``torch.autograd.Function`` classes, ``forward(ctx, x)`` and
+``backward(ctx, grad)``, on the default process group.
 
-Notebook 04 draws where f and g sit in the Megatron MLP; ``lecture_lib.tensor_parallel``
+Hints (the idea, not the code):
+
+* f and g are each other's transpose: what one does forward, the other does backward. Ask of
+  each pass which ranks hold only a *partial* value of something that must be whole: in g's
+  forward, every rank has a partial product; in f's backward, every rank has only the part of
+  ``dL/dx`` that flowed through its own columns.
+* Check a shard by its shape: a column split keeps whole output features (rows of
+  ``weight``), a row split whole input features (its columns); notebook 04's picture writes
+  the shape of each shard.
+* A collective overwrites its tensor in place, and autograd may still need the tensor it
+  handed you.
+
+Notebook 04 draws where f and g sit in the Megatron MLP and attention;
+``lecture_lib.tensor_parallel``
 holds the full version (sequence parallelism, attention, the vocabulary-parallel loss).
 """
 import torch

@@ -13,16 +13,19 @@ combined *exactly*, and that is what the online softmax does.
        lse = log(exp(lse_a) + exp(lse_b))
        o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b
 
-   Compute ``lse`` without overflow (``torch.logaddexp``): scores can be large.
+   Scores can be in the thousands, and ``exp`` of that is ``inf`` in any float
+   type: compute ``lse`` without ever exponentiating a large number (what can
+   you factor out of ``exp(lse_a) + exp(lse_b)``?).
 
 2. ``ring_step(q, kv, state)``: one step of the ring on this rank.
    ``kv`` (2, ..., t, d) stacks the K and V block this rank holds; ``state`` is
-   ``None`` (nothing merged yet) or the ``(o, lse)`` so far. In this order:
-   *post* the exchange (``dist.isend`` the held ``kv`` to rank ``rank + 1``,
-   ``dist.irecv`` a block of the same shape from rank ``rank - 1``, modulo the
-   world size) so it runs while you compute; attend ``q`` to the held block
-   with ``block_attention``; merge it into ``state``; wait for the exchange.
-   Return ``(new_state, received_kv)``. Use ranks of the default group.
+   ``None`` (nothing merged yet) or the ``(o, lse)`` so far. The held block goes
+   to the next rank (``rank + 1``, modulo the world size) and the previous rank's
+   block arrives. The point of the ring is that this exchange runs *while* you
+   attend ``q`` to the held block (``block_attention``) and merge the result into
+   ``state``: start it before the compute, without blocking, and make sure it has
+   finished before you hand the received block back. Return
+   ``(new_state, received_kv)``. Use ranks of the default group.
 
 ``ring_attention`` below runs ``world_size`` steps with your two functions (no
 causal mask) and returns the attention output of this rank's queries.

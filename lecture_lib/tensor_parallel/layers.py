@@ -61,9 +61,30 @@ def tp_param(t: torch.Tensor, tp_dim: int | None) -> nn.Parameter:
     return p
 
 
+def shard_slice(n: int, rank: int, tp: int) -> slice:
+    """Rank ``rank``'s contiguous ``n / tp`` of ``n`` features (every split layer's rule)."""
+    return slice(rank * n // tp, (rank + 1) * n // tp)
+
+
 def _my_slice(n: int, group) -> slice:
     rank, tp = comm.group_info(group)
-    return slice(rank * n // tp, (rank + 1) * n // tp)
+    return shard_slice(n, rank, tp)
+
+
+def weight_shard_shape(in_features: int, out_features: int, tp: int, split: str,
+                       rank: int = 0) -> tuple[int, int]:
+    """The shape ``[in, out]`` of the ``W_i`` (``Y = X W``, i.e. ``weight.T``) a rank holds.
+
+    ``split="column"``: :class:`ColumnParallelLinear`'s ``out / tp`` output columns;
+    ``split="row"``: :class:`RowParallelLinear`'s ``in / tp`` input rows. No process needed.
+    """
+    if split not in ("column", "row"):
+        raise ValueError(f"split must be 'column' or 'row', not {split!r}")
+    n = out_features if split == "column" else in_features
+    check_divisible(f"{split}-parallel linear", "out_features" if split == "column"
+                    else "in_features", n, tp)
+    part = len(range(n)[shard_slice(n, rank, tp)])
+    return (in_features, part) if split == "column" else (part, out_features)
 
 
 class ColumnParallelLinear(nn.Module):

@@ -86,10 +86,20 @@ def _mlp_on_rank():
             "calls": (forward_calls, len(calls) - forward_calls)}
 
 
+def _check_calls(results, expected, what):
+    """Each rank ran ``expected`` = (forward, backward) all-reduces."""
+    for rank, res in enumerate(results):
+        assert res["calls"] == expected, (
+            f"rank {rank}: {what} should run {expected[0]} all-reduce(s) forward and "
+            f"{expected[1]} backward; got {res['calls'][0]} forward, {res['calls'][1]} backward")
+
+
 def _check(results, what):
     for rank, res in enumerate(results):
         got, expected = res[what]
         assert got is not None, f"rank {rank}: no {what} (did the gradient reach it?)"
+        assert got.shape == expected.shape, (f"rank {rank} {what}: expected shape "
+                                             f"{tuple(expected.shape)}, got {tuple(got.shape)}")
         torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL,
                                    msg=lambda m, rank=rank, what=what: f"rank {rank} {what}: {m}")
 
@@ -104,8 +114,7 @@ def test_column_parallel_backward_all_reduces_the_input_gradient(world_size):
     results = ex.run(_column_on_rank, world_size, timeout=60)
     for what in ("x grad", "w grad", "b grad"):
         _check(results, what)
-    assert all(r["calls"] == (0, 1) for r in results), \
-        [r["calls"] for r in results]         # f: nothing forward, one all-reduce backward
+    _check_calls(results, (0, 1), "ColumnParallelLinear (f: identity forward)")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -118,15 +127,14 @@ def test_row_parallel_backward_is_local(world_size):
     results = ex.run(_row_on_rank, world_size, timeout=60)
     for what in ("x grad", "w grad", "b grad"):
         _check(results, what)
-    assert all(r["calls"] == (1, 0) for r in results), \
-        [r["calls"] for r in results]         # g: one all-reduce forward, nothing backward
+    _check_calls(results, (1, 0), "RowParallelLinear (g: identity backward)")
 
 
 def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way():
     results = ex.run(_mlp_on_rank, 2, timeout=60)
     _check(results, "y")
     _check(results, "x grad")
-    assert all(r["calls"] == (1, 1) for r in results), [r["calls"] for r in results]
+    _check_calls(results, (1, 1), "column -> GELU -> row")
 
 
 def test_uneven_split_is_refused():

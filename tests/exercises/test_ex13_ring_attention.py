@@ -22,17 +22,22 @@ def test_merge_of_two_blocks_is_one_softmax():
     a = ex.block_attention(q, k[..., :2, :], v[..., :2, :])
     b = ex.block_attention(q, k[..., 2:, :], v[..., 2:, :])
     o, lse = ex.merge(*a, *b)
-    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v))
-    torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 2.0, -1))
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v),
+                               msg=lambda m: f"merged o against one softmax over all keys: {m}")
+    torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 2.0, -1),
+                               msg=lambda m: f"merged lse against logsumexp of all scores: {m}")
     o2, lse2 = ex.merge(*b, *a)
-    torch.testing.assert_close((o2, lse2), (o, lse)), "the merge must not depend on the order"
+    torch.testing.assert_close((o2, lse2), (o, lse),
+                               msg=lambda m: f"merge(b, a) differs from merge(a, b): {m}")
 
 
 def test_merge_does_not_overflow():
     q, k, v = _qkv(1, scale=40.0)                      # scores in the thousands
     o, lse = ex.merge(*ex.block_attention(q, k[..., :3, :], v[..., :3, :]),
                       *ex.block_attention(q, k[..., 3:, :], v[..., 3:, :]))
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), (
+        f"scores in the thousands: {int((~torch.isfinite(o)).sum())} non-finite values in o, "
+        f"{int((~torch.isfinite(lse)).sum())} in lse")
     torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v))
 
 
@@ -52,10 +57,16 @@ def test_one_step_passes_kv_to_the_right_and_merges(world_size):
         q, k, v = _qkv(10 + rank)
         left = (rank - 1) % world_size
         _, lk, lv = _qkv(10 + left)
-        torch.testing.assert_close(got, torch.stack([lk, lv]), msg=f"rank {rank}: received")
-        torch.testing.assert_close(first[0], ex.block_attention(q, k, v)[0], msg=f"rank {rank}")
+        torch.testing.assert_close(
+            got, torch.stack([lk, lv]), msg=lambda m, rank=rank, left=left:
+            f"rank {rank}: the block received should be rank {left}'s K/V: {m}")
+        torch.testing.assert_close(
+            first[0], ex.block_attention(q, k, v)[0], msg=lambda m, rank=rank:
+            f"rank {rank}: after one step, o should be attention over its own block: {m}")
         both = F.scaled_dot_product_attention(q, torch.cat([k, lk], -2), torch.cat([v, lv], -2))
-        torch.testing.assert_close(second[0], both, msg=f"rank {rank}: two steps merged")
+        torch.testing.assert_close(
+            second[0], both, msg=lambda m, rank=rank:
+            f"rank {rank}: after two steps, o should cover its own and its left block: {m}")
 
 
 def _full_ring():
@@ -71,4 +82,6 @@ def test_the_whole_ring_equals_one_process(world_size):
     k = torch.cat([p[1] for p in parts], -2)
     v = torch.cat([p[2] for p in parts], -2)
     for rank, out in enumerate(results):
-        torch.testing.assert_close(out, F.scaled_dot_product_attention(parts[rank][0], k, v))
+        torch.testing.assert_close(
+            out, F.scaled_dot_product_attention(parts[rank][0], k, v), msg=lambda m, rank=rank:
+            f"rank {rank}: ring output against one softmax over every rank's keys: {m}")

@@ -1,0 +1,58 @@
+"""Notebook 05's hand calculations: a Llama-style 70B layer at 128K tokens under cp.
+
+The model is :data:`lecture_lib.costmodel.memory.PRESETS` ``"Llama-style 70B"`` (80 layers,
+h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, t = 8 with sequence
+parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Bytes from
+:func:`lecture_lib.costmodel.context_parallel.ring_bytes_per_layer` and
+``ulysses_bytes_per_layer``; the load imbalance from
+:func:`lecture_lib.context_parallel.ring_schedule`.
+"""
+from __future__ import annotations
+
+from ..context_parallel import ring_schedule
+from ..costmodel import NVLINK_H100
+from ..costmodel import context_parallel as cpm
+from ..costmodel.memory import PRESETS, model_state_bytes
+from ..costmodel.tensor_parallel import H100_BF16_FLOPS
+from . import fmt
+
+LLAMA = PRESETS["Llama-style 70B"]
+SEQ, CP, TP = 131072, 8, 8
+
+
+def activations_at_cp8() -> list[str]:
+    """Q1: activations per device, all 80 layers, at cp = 1 and cp = 8; model states at t = 8."""
+    def total(cp):
+        return LLAMA.layers * cpm.cp_activation_bytes_per_layer(
+            SEQ, 1, LLAMA.hidden, LLAMA.heads, cp=cp, tp=TP, sequence_parallel=True,
+            recompute="selective")
+    states = model_state_bytes(LLAMA.num_params / TP)        # mixed-precision Adam, no ZeRO
+    return [fmt(total(1) / 1e9, "GB"), fmt(total(CP) / 1e9, "GB"), fmt(states / 1e9, "GB")]
+
+
+def bytes_per_layer() -> list[str]:
+    """Q2: bytes one rank sends per layer forward, ring against Ulysses, at cp = 8 (bf16)."""
+    ring = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden, CP)["forward"]
+    ulysses = cpm.ulysses_bytes_per_layer(1, SEQ, LLAMA.hidden, CP)["forward"]
+    return [fmt(ring / 1e9, "GB"), fmt(ulysses / 1e9, "GB")]
+
+
+def causal_imbalance() -> list[str]:
+    """Q3: slowest over fastest rank's attended chunk pairs at cp = 8, both layouts."""
+    out = []
+    for layout in ("contiguous", "zigzag"):
+        work = [sum(len(step[r]["pairs"]) for step in ring_schedule(CP, layout, True))
+                for r in range(CP)]
+        out.append(f"{max(work) / min(work):g}x")
+    return out
+
+
+def hop_hiding_length() -> list[str]:
+    """Q4: local tokens s/cp from which a bf16 K/V hop on H100 NVLink hides behind a fused
+    block at peak: 2 b (s/cp)^2 h / F >= 2 b (s/cp) h e / beta, i.e. s/cp >= e F / beta."""
+    local = 2 * H100_BF16_FLOPS / NVLINK_H100.beta
+    return [f"{local:.0f} tokens", f"{local * CP:.0f} tokens"]
+
+
+ANSWERS = {"Q1": activations_at_cp8, "Q2": bytes_per_layer, "Q3": causal_imbalance,
+           "Q4": hop_hiding_length}
