@@ -20,6 +20,7 @@ from lecture_lib.capstone import (
     train_tokenizer,
 )
 from lecture_lib.capstone import tokenizer as tokenizer_module
+from lecture_lib.capstone.tokens import main
 
 MAX_BYTES = 150_000
 VOCAB = 512
@@ -135,3 +136,10 @@ def test_load_tokens_rejects_other_files(tmp_path):
     (tmp_path / "x.bin").write_bytes(b"\0\0")
     with pytest.raises(ValueError, match="not a token file"):
         load_tokens(tmp_path / "x.bin")
+
+
+def test_command_line_builds_the_same_files(token_files, cache, capsys):
+    summary = main(["--vocab-size", str(VOCAB), "--max-bytes", str(MAX_BYTES),
+                    "--cache-dir", str(cache)])
+    assert summary["train"] == str(token_files.train)
+    assert json.loads(capsys.readouterr().out)["train_tokens"] == token_files.meta["train_tokens"]

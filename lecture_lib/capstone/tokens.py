@@ -11,9 +11,15 @@ Beside the two ``.bin`` files a small ``meta.json`` records what they hold: voca
 size, dtype, end-of-text id, token counts, the files and their token counts, and the
 key of the tokenizer they were encoded with. The folder is named after that key, so the
 files are built once per corpus slice and vocabulary and then loaded in milliseconds.
+
+From a shell (before a multi-rank job, so that the ranks only load)::
+
+    python -m lecture_lib.capstone.tokens --vocab-size 4096            # the whole corpus
+    python -m lecture_lib.capstone.tokens --vocab-size 1024 --max-bytes 1000000
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -120,3 +126,23 @@ def load_tokens(path: str | Path) -> np.memmap:
         raise ValueError(f"{path} is not a token file written by build_token_files")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Build (or find) the token files and print what they hold."""
+    parser = argparse.ArgumentParser(prog="python -m lecture_lib.capstone.tokens",
+                                     description=main.__doc__)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--max-bytes", type=int, default=None, help="a slice (default: all)")
+    parser.add_argument("--cache-dir", default=None, help="default: build/capstone")
+    args = parser.parse_args(argv)
+    tf = build_token_files(args.vocab_size, args.max_bytes, args.cache_dir)
+    summary = {k: v for k, v in tf.meta.items() if k.endswith(("_tokens", "_files", "_bytes"))}
+    summary.update(vocab_size=tf.vocab_size, dtype=tf.meta["dtype"], train=str(tf.train),
+                   val=str(tf.val), tokenizer=str(tf.tokenizer))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
