@@ -135,7 +135,7 @@ def test_torchrun_restart_finishes_with_the_uninterrupted_loss(cfg, uninterrupte
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        log, _ = proc.communicate(timeout=240)
+        log, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
