@@ -33,7 +33,7 @@ import torch.distributed as dist
 from .. import launch
 from ..comm import record_comm
 from ..context_parallel import shard_sequence
-from ..metrics import model_flops_per_token, mfu, wall_time
+from ..metrics import mfu, model_flops_per_token, wall_time
 from ..models import GPTConfig
 from . import checkpoint
 from .loader import TokenLoader, open_tokens

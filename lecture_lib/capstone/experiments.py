@@ -1,0 +1,85 @@
+"""What the capstone notebook runs: every strategy side by side on one model and one batch.
+
+:func:`compare_strategies` trains the same GPT on the same token file with the same
+global batch and data order under each strategy (:data:`DEFAULT_RUNS`, or the
+caller's), one ``lecture_lib.run`` call each, with the communication recorder of
+:mod:`lecture_lib.comm` on, and returns one row per run: losses, tokens/s, MFU,
+the memory each rank held and peaked at, and the share of the step spent inside
+recorded collectives. Time is real time on this machine (``time_kind``);
+pipeline sends and receives go through ``batch_isend_irecv`` outside the
+recorder, so a pp run's communication share counts its dp/tp/cp collectives only.
+:func:`loss_gaps` gives each run's largest relative loss difference from a
+reference run (the one-process run when the list has one).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from .. import launch
+from ..metrics import time_kind
+from ..progress import progress
+from .train import TrainConfig, check_config, train_on_rank
+
+DEFAULT_RUNS = {
+    "1 process": dict(strategy="ddp", dp=1),
+    "ddp": dict(strategy="ddp", dp=2),
+    "zero1": dict(strategy="zero1", dp=2),
+    "zero2": dict(strategy="zero2", dp=2),
+    "fsdp": dict(strategy="fsdp", dp=2),
+    "tp": dict(strategy="tp", tp=2),
+    "pp": dict(strategy="pp", pp=2, microbatches=2),
+    "cp": dict(strategy="cp", cp=2),
+    "3d": dict(strategy="3d", tp=2, pp=2, microbatches=2),
+}
+"""Name -> the grid and options of each run (everything else from the base config)."""
+
+
+def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
+    r0 = results[0]
+    last = r0["log"][-1]
+    shares = []
+    for r in results:
+        total = sum(r["step_seconds"])
+        shares.append(r["comm_seconds"] / total if total > 0 and r["comm_seconds"] else 0.0)
+    return {"name": name, "strategy": cfg.strategy, "grid": r0["grid"],
+            "world_size": cfg.world_size, "losses": r0["losses"],
+            "tokens_per_s": r0["tokens_per_s"],
+            "step_seconds": statistics.median(r0["step_seconds"][1:] or r0["step_seconds"]),
+            "mfu": last["mfu"], "peak_flops": r0["peak_flops"],
+            "peak_bytes": last["peak_bytes"], "held": last["held"],
+            "comm_share": shares, "comm_bytes": [r["comm_bytes"] for r in results],
+            "time_kind": time_kind()}
+
+
+def compare_strategies(base: TrainConfig, runs: dict | None = None, timeout: float = 600,
+                       show: str | None = None) -> list[dict]:
+    """Train ``base`` under each run's strategy (``{name: {strategy, dp, tp, ...}}``).
+
+    Every run shares the model, tokens, global batch, steps, learning rate and data
+    order of ``base``; a checkpoint folder is not used. Each row: ``name``,
+    ``strategy``, ``grid``, ``world_size``, ``losses``, ``tokens_per_s``,
+    ``step_seconds`` (median after the first), ``mfu``, ``peak_bytes`` and ``held``
+    (per rank, at the last logged step), ``comm_share`` (per rank: recorded
+    collective seconds over step seconds), ``comm_bytes``, ``time_kind``.
+    """
+    runs = DEFAULT_RUNS if runs is None else runs
+    configs = {}
+    for name, options in runs.items():
+        cfg = replace(base, checkpoint_dir=None, checkpoint_every=0, fail_at=None,
+                      record_comm=True, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1,
+                                           "microbatches": 1, **options})
+        check_config(cfg)                       # every run's bad input before the first starts
+        configs[name] = cfg
+    rows = []
+    for name in progress(list(configs), "train each strategy", show=show):
+        cfg = configs[name]
+        rows.append(_row(name, cfg, launch.run(train_on_rank, cfg.world_size, cfg,
+                                               timeout=timeout)))
+    return rows
+
+
+def loss_gaps(rows: list[dict], reference: str = "1 process") -> dict:
+    """``{name: largest |loss - reference loss| / reference loss}`` over the steps."""
+    ref = next(r["losses"] for r in rows if r["name"] == reference)
+    return {r["name"]: max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref)) for r in rows}
