@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int, default=None, help="corpus bytes to tokenize")
     p.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at", type=int, default=None, help="SIGKILL --fail-rank at this step")
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=None, help="ranks, without torchrun")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="one device's peak FLOP/s for MFU (default: a measured fp32 matmul)")
     p.add_argument("--out", help="write rank 0's result here as JSON")
     return p
 
@@ -88,7 +90,7 @@ def config_from_args(args, world_size: int) -> TrainConfig:
                        data_seed=args.data_seed, log_every=args.log_every,
                        checkpoint_dir=args.checkpoint_dir,
                        checkpoint_every=args.checkpoint_every, fail_at=args.fail_at,
-                       fail_rank=args.fail_rank)
+                       fail_rank=args.fail_rank, peak_flops=args.peak_flops)
 
 
 def _summary(result: dict) -> dict:

@@ -6,8 +6,9 @@ caller's), one ``lecture_lib.run`` call each, with the communication recorder of
 :mod:`lecture_lib.comm` on, and returns one row per run: losses, tokens/s, MFU,
 the memory each rank held and peaked at, and the share of the step spent inside
 recorded collectives. Time is real time on this machine (``time_kind``);
-pipeline sends and receives go through ``batch_isend_irecv`` outside the
-recorder, so a pp run's communication share counts its dp/tp/cp collectives only.
+pipeline sends and receives are counted as the
+recorder's ``"send"`` kind (:func:`.strategies.recorded_exchange`); their time includes
+the wait for the stage before, so a pipeline's share holds part of its bubble.
 :func:`loss_gaps` gives each run's largest relative loss difference from a
 reference run (the one-process run when the list has one).
 """
@@ -19,7 +20,7 @@ from dataclasses import replace
 from .. import launch
 from ..metrics import time_kind
 from ..progress import progress
-from .train import TrainConfig, check_config, train_on_rank
+from .train import TrainConfig, check_config, measured_peak_flops, train_on_rank
 
 DEFAULT_RUNS = {
     "1 process": dict(strategy="ddp", dp=1),
@@ -49,11 +50,13 @@ def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
             "mfu": last["mfu"], "peak_flops": r0["peak_flops"],
             "peak_bytes": last["peak_bytes"], "held": last["held"],
             "comm_share": shares, "comm_bytes": [r["comm_bytes"] for r in results],
+            "comm_sent_bytes": [r["comm_sent_bytes"] for r in results],
+            "comm": [r["comm"] for r in results], "val_losses": r0["val_losses"],
             "time_kind": time_kind()}
 
 
-def compare_strategies(base: TrainConfig, runs: dict | None = None, timeout: float = 600,
-                       show: str | None = None) -> list[dict]:
+def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
+                       timeout: float = 600, show: str | None = None) -> list[dict]:
     """Train ``base`` under each run's strategy (``{name: {strategy, dp, tp, ...}}``).
 
     Every run shares the model, tokens, global batch, steps, learning rate and data
@@ -61,9 +64,19 @@ def compare_strategies(base: TrainConfig, runs: dict | None = None, timeout: flo
     ``strategy``, ``grid``, ``world_size``, ``losses``, ``tokens_per_s``,
     ``step_seconds`` (median after the first), ``mfu``, ``peak_bytes`` and ``held``
     (per rank, at the last logged step), ``comm_share`` (per rank: recorded
-    collective seconds over step seconds), ``comm_bytes``, ``time_kind``.
+    collective seconds over step seconds, pipeline sends included), ``comm_bytes``,
+    ``comm_sent_bytes``, ``comm`` (per rank: ``CommLog.summary()``), ``val_losses``,
+    ``time_kind``. ``only`` picks some of the runs by name. Without ``base.peak_flops``,
+    one dense-matmul rate measured here first is every run's MFU denominator.
     """
     runs = DEFAULT_RUNS if runs is None else runs
+    if only is not None:
+        missing = [n for n in only if n not in runs]
+        if missing:
+            raise ValueError(f"no run named {missing}; the runs are {list(runs)}")
+        runs = {n: runs[n] for n in only}
+    if base.peak_flops is None:                 # one MFU denominator for every run
+        base = replace(base, peak_flops=measured_peak_flops(launch.device(), reps=20))
     configs = {}
     for name, options in runs.items():
         cfg = replace(base, checkpoint_dir=None, checkpoint_every=0, fail_at=None,

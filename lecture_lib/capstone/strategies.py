@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..comm import collective
 from ..context_parallel import sync_context_parallel_grads
 from ..data_parallel import DDPFlat
 from ..hybrid import HybridConfig, build_stage, check_hybrid
 from ..launch import device
 from ..mesh import RankGrid, grid_dims
 from ..models import GPT, GPTConfig, lm_loss
-from ..pipeline import PipelineExecutor, make_schedule
+from ..pipeline import PipelineExecutor, exchange, make_schedule
 from ..zero import FullyShardedModel, ShardedOptimizer, fsdp_on_after_backward, held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp", "3d")
@@ -128,7 +129,8 @@ class Plan:
         if self._executor is None or self._executor.shape != shape:
             self._executor = PipelineExecutor(list(self.stage), self._schedule, shape,
                                               ranks=self.grid.ranks("pp"),
-                                              group=self.grid.group("pp"))
+                                              group=self.grid.group("pp"),
+                                              exchange=recorded_exchange)
         return self._executor
 
     # -- a step ---------------------------------------------------------------------
@@ -213,6 +215,15 @@ class Plan:
                 kind = "full" if value.dim() == 0 else e.kind
                 out.append(Entry(f"optim.{e.key}.{name}", value, kind, e.dim, e.shape))
         return out
+
+
+def recorded_exchange(sends, recvs, group=None) -> list:
+    """The pipeline's :func:`~lecture_lib.pipeline.exchange`, counted by the comm recorder
+    (kind ``"send"``, the bytes this rank sends; the time includes waiting for the receives)."""
+    nbytes = sum(t.numel() * t.element_size() for t, _ in sends)
+    size = len({peer for _, peer in list(sends) + list(recvs)}) + 1
+    with collective("send", nbytes, size, "pipeline", device()):
+        return exchange(sends, recvs, group)
 
 
 def make_grid(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> RankGrid:

@@ -67,7 +67,7 @@ class TrainConfig:
     schedule: str = "1f1b"
     global_batch: int = 8
     steps: int = 20
-    lr: float = 3e-3
+    lr: float = 1e-3
     seed: int = 0                        # the weights
     data_seed: int = 0                   # the order of the windows
     log_every: int = 10
@@ -140,6 +140,13 @@ def measured_peak_flops(dev: torch.device, n: int | None = None, reps: int = 5) 
         for _ in range(reps):
             a @ a
     return 2 * n ** 3 * reps / max(t.seconds, 1e-9)
+
+
+def _agreed(value: float) -> float:
+    """The largest of every rank's ``value`` (one MFU denominator for the whole job)."""
+    t = torch.tensor([value], dtype=torch.float64, device=launch.device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def _maybe_fail(cfg: TrainConfig, step: int) -> None:
@@ -224,11 +231,19 @@ def _meta(cfg: TrainConfig) -> dict:
             "grid": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp}}
 
 
+def _comm(log) -> dict:
+    """What the recorder saw on this rank (None when it was off)."""
+    if log is None:
+        return {"comm_seconds": None, "comm_bytes": None, "comm_sent_bytes": None, "comm": None}
+    return {"comm_seconds": log.seconds(), "comm_bytes": log.buffer_bytes(),
+            "comm_sent_bytes": log.sent_bytes(), "comm": log.summary()}
+
+
 def train_on_rank(cfg: TrainConfig) -> dict:
     """The rank function (``lecture_lib.run`` or torchrun): train, log, checkpoint; a summary."""
     plan, loader, val, found = _setup(cfg)
     dev = launch.device()
-    peak = cfg.peak_flops or measured_peak_flops(dev)
+    peak = cfg.peak_flops or _agreed(measured_peak_flops(dev))
     flops_tok = model_flops_per_token(non_embedding_params(cfg.model), cfg.model.n_layers,
                                       cfg.model.seq_len, cfg.model.d_model)
     first, losses, seconds, rows = loader.step, [], [], []
@@ -252,6 +267,6 @@ def train_on_rank(cfg: TrainConfig) -> dict:
             "log": rows, "step_seconds": seconds, "peak_flops": peak,
             "tokens_per_s": cfg.global_batch * cfg.model.seq_len / statistics.median(timed)
             if timed else None,
-            "comm_seconds": comm_log.seconds() if comm_log is not None else None,
-            "comm_bytes": comm_log.buffer_bytes() if comm_log is not None else None,
+            "val_losses": {r["step"]: r["val_loss"] for r in rows if r["val_loss"] is not None},
+            **_comm(comm_log),
             "strategy": cfg.strategy, "grid": _meta(cfg)["grid"], "model": asdict(cfg.model)}
