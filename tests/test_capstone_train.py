@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import lecture_lib
-from lecture_lib import launch
+from lecture_lib import launch, metrics
 from lecture_lib.capstone import checkpoint
 from lecture_lib.capstone.cli import main as cli_main
 from lecture_lib.capstone.loader import TokenLoader
-from lecture_lib.capstone.train import TrainConfig, check_config, train
+from lecture_lib.capstone.train import TrainConfig, check_config, non_embedding_params, train
 from lecture_lib.models import GPT, GPTConfig, train_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +171,10 @@ def test_bad_input_before_any_process(cfg, tmp_path, monkeypatch):
     (other / checkpoint.META).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="of another model: d_model=64 \\(this run 32\\)"):
         train(cfg, strategy="ddp", dp=2, checkpoint_dir=str(tmp_path))
+
+
+def test_mfu_counts_the_models_flops():
+    gpt = GPT(MODEL, 0)
+    n = non_embedding_params(MODEL)
+    assert metrics.model_flops_per_token(n, MODEL.n_layers, MODEL.seq_len, MODEL.d_model) \
+        == metrics.gpt_flops_per_token(gpt)
