@@ -50,7 +50,7 @@ def tokens(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cfg(tokens):
     return TrainConfig(model=MODEL, tokens=tokens, steps=STEPS, lr=LR, global_batch=8,
-                       log_every=STEPS)
+                       log_every=STEPS, peak_flops=1e12)     # MFU's peak: not measured here
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_torchrun_restart_finishes_with_the_uninterrupted_loss(cfg, uninterrupte
            "--vocab-size", "30", "--layers", "2", "--d-model", "32", "--heads", "4",
            "--context", "32", "--steps", str(STEPS), "--lr", str(LR), "--log-every", "1",
            "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--fail-at", "3",
-           "--fail-rank", "1", "--out", str(out)]
+           "--fail-rank", "1", "--peak-flops", "1e12", "--out", str(out)]
     # torchrun shares its rendezvous store with the workers by default, and a restarted
     # worker can then read the dead worker's gloo address (pytorch/pytorch#135712): the
     # documented switch gives each restart a fresh store
