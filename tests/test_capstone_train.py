@@ -1,7 +1,7 @@
 """The capstone trainer: every strategy equals one process, resumes bit-exactly, reshards,
 survives a killed rank (lecture_lib.run and torchrun), and refuses bad input early.
 
-Tiny model (2 layers, d 32, context 32), 6 steps, 2 ranks (4 for the fsdp(4) save and the
+Tiny model (2 layers, d 32, context 32), 4 steps, 2 ranks (4 for the fsdp(4) save and the
 3d = dp2 x tp2 run). Tolerances: a strategy's losses against one-process training within
 rtol 1e-5 (float32 rounding of a different summation order); a resumed run of the same
 strategy equals the uninterrupted run exactly; a resharded run within rtol 1e-5.
@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 
 import lecture_lib
-from lecture_lib import launch
+from lecture_lib import launch, metrics
 from lecture_lib.capstone import checkpoint
 from lecture_lib.capstone.cli import main as cli_main
 from lecture_lib.capstone.loader import TokenLoader
-from lecture_lib.capstone.train import TrainConfig, check_config, train
+from lecture_lib.capstone.train import TrainConfig, check_config, non_embedding_params, train
 from lecture_lib.models import GPT, GPTConfig, train_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 # vocab 30: tok_emb's 30 rows do not split over 4 ranks, so fsdp(4) checkpoints it gathered
 MODEL = GPTConfig(vocab_size=30, seq_len=32, d_model=32, n_heads=4, n_layers=2)
-STEPS, K, LR, RTOL = 6, 3, 3e-3, 1e-5
+STEPS, K, LR, RTOL = 4, 2, 3e-3, 1e-5
 RUNS = {                                             # name -> grid and options
     "ddp": dict(strategy="ddp", dp=2), "zero1": dict(strategy="zero1", dp=2),
     "zero2": dict(strategy="zero2", dp=2), "fsdp": dict(strategy="fsdp", dp=2),
@@ -50,7 +50,7 @@ def tokens(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cfg(tokens):
     return TrainConfig(model=MODEL, tokens=tokens, steps=STEPS, lr=LR, global_batch=8,
-                       log_every=STEPS)
+                       log_every=STEPS, peak_flops=1e12)     # MFU's peak: not measured here
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def _close(a, b, rtol=RTOL):
 def test_every_strategy_equals_one_process(cfg, uninterrupted):
     loader = TokenLoader(cfg.tokens, MODEL.seq_len, cfg.global_batch)
     ref = train_reference(GPT(MODEL, 0), loader.batch, STEPS, LR, "adamw").losses
-    assert ref[-1] < ref[0] - 0.1                          # it learns
+    assert ref[-1] < ref[0] - 0.05                         # it learns
     for name in ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp"):
         got = uninterrupted(name)
         print(name, got)
@@ -108,15 +108,17 @@ def _alive(pid: int) -> bool:
 
 
 def test_killed_rank_under_run_then_resume(cfg, uninterrupted, tmp_path):
+    expected = uninterrupted("ddp")[-1]                 # also leaves a warm pool of 2 ranks
+    before = launch.worker_pids(2)
+    assert before
     kw = dict(RUNS["ddp"], checkpoint_dir=str(tmp_path), checkpoint_every=2, fail_at=3,
               fail_rank=1)
     with pytest.raises(lecture_lib.RankError, match="rank 1"):
         train(cfg, timeout=120, **kw)
-    pids = launch.worker_pids(2)
-    assert not [p for p in pids if not _alive(p)]      # the failed pool was replaced
-    resumed = train(cfg, timeout=120, **kw)            # the marker stops a second kill
+    assert [p for p in before if _alive(p)] == []       # no process left behind
+    resumed = train(cfg, timeout=120, **kw)             # the marker stops a second kill
     assert resumed["first_step"] == 2
-    assert resumed["losses"][-1] == uninterrupted("ddp")[-1]
+    assert resumed["losses"][-1] == expected
 
 
 def test_torchrun_restart_finishes_with_the_uninterrupted_loss(cfg, uninterrupted, tmp_path):
@@ -126,7 +128,7 @@ def test_torchrun_restart_finishes_with_the_uninterrupted_loss(cfg, uninterrupte
            "--vocab-size", "30", "--layers", "2", "--d-model", "32", "--heads", "4",
            "--context", "32", "--steps", str(STEPS), "--lr", str(LR), "--log-every", "1",
            "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--fail-at", "3",
-           "--fail-rank", "1", "--out", str(out)]
+           "--fail-rank", "1", "--peak-flops", "1e12", "--out", str(out)]
     # torchrun shares its rendezvous store with the workers by default, and a restarted
     # worker can then read the dead worker's gloo address (pytorch/pytorch#135712): the
     # documented switch gives each restart a fresh store
@@ -169,3 +171,10 @@ def test_bad_input_before_any_process(cfg, tmp_path, monkeypatch):
     (other / checkpoint.META).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="of another model: d_model=64 \\(this run 32\\)"):
         train(cfg, strategy="ddp", dp=2, checkpoint_dir=str(tmp_path))
+
+
+def test_mfu_counts_the_models_flops():
+    gpt = GPT(MODEL, 0)
+    n = non_embedding_params(MODEL)
+    assert metrics.model_flops_per_token(n, MODEL.n_layers, MODEL.seq_len, MODEL.d_model) \
+        == metrics.gpt_flops_per_token(gpt)

@@ -11,16 +11,19 @@ recorder's ``"send"`` kind (:func:`.strategies.recorded_exchange`); their time i
 the wait for the stage before, so a pipeline's share holds part of its bubble.
 :func:`loss_gaps` gives each run's largest relative loss difference from a
 reference run (the one-process run when the list has one).
+:func:`resume_and_reshard` stops a run at a checkpoint and resumes it under other
+layouts; :func:`kill_and_resume` kills a rank mid-step and calls again.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import replace
+from pathlib import Path
 
 from .. import launch
 from ..metrics import time_kind
 from ..progress import progress
-from .train import TrainConfig, check_config, measured_peak_flops, train_on_rank
+from .train import TrainConfig, check_config, measured_peak_flops, train, train_on_rank
 
 DEFAULT_RUNS = {
     "1 process": dict(strategy="ddp", dp=1),
@@ -96,3 +99,56 @@ def loss_gaps(rows: list[dict], reference: str = "1 process") -> dict:
     """``{name: largest |loss - reference loss| / reference loss}`` over the steps."""
     ref = next(r["losses"] for r in rows if r["name"] == reference)
     return {r["name"]: max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref)) for r in rows}
+
+
+def _options(base: TrainConfig, options: dict, **changes) -> TrainConfig:
+    return replace(base, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1, "microbatches": 1, **options,
+                            **changes})
+
+
+def resume_and_reshard(base: TrainConfig, folder, stop_at: int, save: dict,
+                       resume: dict, timeout: float = 600) -> dict:
+    """Stop a run at ``stop_at`` (a checkpoint in ``folder``), resume it under each layout.
+
+    ``save`` and each value of ``resume`` (``{name: options}``) are run options as in
+    :data:`DEFAULT_RUNS`; ``folder`` must hold no checkpoint yet. Returns
+    ``uninterrupted`` (the saving layout's losses without a stop), ``before`` (the
+    losses up to ``stop_at``), ``resumed`` (``{name: losses from stop_at on}``) and
+    ``gaps`` (``{name: largest |resumed - uninterrupted| / uninterrupted}``; 0.0 is
+    bit-exact).
+    """
+    if any(Path(folder).glob("step_*")):
+        raise ValueError(f"{folder} already holds a checkpoint: give an empty folder")
+    first = _options(base, save, checkpoint_dir=None, checkpoint_every=0, fail_at=None)
+    for options in [save, *resume.values()]:
+        check_config(_options(base, options))
+    straight = train(first, timeout=timeout)["losses"]
+    before = train(_options(base, save, steps=stop_at, checkpoint_dir=str(folder),
+                            checkpoint_every=stop_at, fail_at=None), timeout=timeout)["losses"]
+    resumed = {name: train(_options(base, options, checkpoint_dir=str(folder),
+                                    checkpoint_every=0, fail_at=None),
+                           timeout=timeout)["losses"] for name, options in resume.items()}
+    gaps = {name: max((abs(a - b) / abs(b) for a, b in zip(losses, straight[stop_at:])),
+                      default=0.0) for name, losses in resumed.items()}
+    return {"uninterrupted": straight, "before": before, "resumed": resumed, "gaps": gaps}
+
+
+def kill_and_resume(base: TrainConfig, folder, options: dict, fail_at: int, fail_rank: int,
+                    every: int, timeout: float = 600) -> dict:
+    """Kill rank ``fail_rank`` (SIGKILL) at step ``fail_at`` through ``lecture_lib.run``,
+    checkpoints every ``every`` steps in ``folder``; then call again, which resumes.
+
+    Returns ``error`` (the launcher's message naming the dead rank) and ``resumed``
+    (the second call's result: ``first_step``, ``losses``, ...).
+    """
+    cfg = _options(base, options, checkpoint_dir=str(folder), checkpoint_every=every,
+                   fail_at=fail_at, fail_rank=fail_rank)
+    check_config(cfg)
+    try:
+        train(cfg, timeout=timeout)
+    except launch.RankError as exc:
+        error = str(exc)
+    else:
+        raise RuntimeError(f"rank {fail_rank} was to be killed at step {fail_at}, but the "
+                           "run finished: is there already a marker or a later checkpoint?")
+    return {"error": error, "resumed": train(cfg, timeout=timeout)}
