@@ -8,12 +8,20 @@ every strategy, distributed checkpoints that resume bit-exactly and reshard.
 """
 from .checkpoint import latest_checkpoint
 from .corpus import Corpus, corpus_files, read_text, split_corpus, stdlib_root
+from .experiments import (
+                          DEFAULT_RUNS,
+                          compare_strategies,
+                          kill_and_resume,
+                          loss_gaps,
+                          resume_and_reshard,
+)
 from .loader import TokenLoader
 from .tokenizer import EOT, cache_folder, eot_id, train_tokenizer
 from .tokens import TokenFiles, build_token_files, load_tokens
 from .train import STRATEGIES, TrainConfig, check_config, cpu_gpt, gpt2_small, train, train_on_rank
 
 __all__ = [
+    "DEFAULT_RUNS", "compare_strategies", "kill_and_resume", "loss_gaps", "resume_and_reshard",
     "EOT", "STRATEGIES", "Corpus", "TokenFiles", "TokenLoader", "TrainConfig",
     "build_token_files", "cache_folder", "check_config", "corpus_files", "cpu_gpt", "eot_id",
     "gpt2_small", "latest_checkpoint", "load_tokens", "read_text", "split_corpus",
