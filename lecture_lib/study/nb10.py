@@ -1,0 +1,44 @@
+"""Notebook 10 (the capstone): the hand calculations, with the library's models.
+
+Q2: storing the tokens. Q3: the compute of GPT-2 small (124M parameters, 12 layers,
+d 768, context 1024) on 10 billion tokens (``metrics.model_flops_per_token``: ``6 N``
+plus the attention term ``12 L T d``), and how long it takes at 40 % MFU on one A100
+and on one node of 8 H100 (peaks from ``costmodel``: 312 and 989 TFLOP/s dense bf16).
+"""
+from __future__ import annotations
+
+from lecture_lib import metrics
+from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
+from lecture_lib.study import fmt
+
+TOKENS = 10_000_000_000
+GPT2_SMALL = {"n_params": 124_000_000, "n_layers": 12, "seq_len": 1024, "d_model": 768}
+MFU = 0.4
+
+
+def q2() -> list[str]:
+    """10 B token ids: uint16 (vocab 50257 < 65536) against int64."""
+    return [fmt(TOKENS * 2 / 1e9, "GB"), fmt(TOKENS * 8 / 1e9, "GB")]
+
+
+def training_seconds(flops: float, peak: float, devices: int, mfu: float = MFU) -> float:
+    """Time for `flops` model FLOPs on `devices` of `peak` FLOP/s each at `mfu`."""
+    seconds = flops / (peak * devices * mfu)
+    rate = TOKENS / seconds  # tokens/s, checked against the library's own MFU formula
+    flops_per_token = flops / TOKENS
+    assert abs(metrics.mfu(rate, flops_per_token, peak, devices) - mfu) < 1e-9
+    return seconds
+
+
+def q3() -> list[str]:
+    six_n = metrics.model_flops_per_token(GPT2_SMALL["n_params"])
+    per_token = metrics.model_flops_per_token(**GPT2_SMALL)
+    total = per_token * TOKENS
+    a100 = training_seconds(total, A100_CLUSTER.peak_flops, 1)
+    h100 = training_seconds(total, H100_CLUSTER.peak_flops, 8)
+    return [fmt(six_n * TOKENS, "FLOP"), fmt(per_token * TOKENS, "FLOP"),
+            f"{(per_token - six_n) / six_n:.0%}", fmt(a100 / 86400, "days"),
+            fmt(h100 / 3600, "hours")]
+
+
+ANSWERS = {"Q2": q2, "Q3": q3}

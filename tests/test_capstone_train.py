@@ -1,0 +1,180 @@
+"""The capstone trainer: every strategy equals one process, resumes bit-exactly, reshards,
+survives a killed rank (lecture_lib.run and torchrun), and refuses bad input early.
+
+Tiny model (2 layers, d 32, context 32), 4 steps, 2 ranks (4 for the fsdp(4) save and the
+3d = dp2 x tp2 run). Tolerances: a strategy's losses against one-process training within
+rtol 1e-5 (float32 rounding of a different summation order); a resumed run of the same
+strategy equals the uninterrupted run exactly; a resharded run within rtol 1e-5.
+"""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lecture_lib
+from lecture_lib import launch, metrics
+from lecture_lib.capstone import checkpoint
+from lecture_lib.capstone.cli import main as cli_main
+from lecture_lib.capstone.loader import TokenLoader
+from lecture_lib.capstone.train import TrainConfig, check_config, non_embedding_params, train
+from lecture_lib.models import GPT, GPTConfig, train_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+# vocab 30: tok_emb's 30 rows do not split over 4 ranks, so fsdp(4) checkpoints it gathered
+MODEL = GPTConfig(vocab_size=30, seq_len=32, d_model=32, n_heads=4, n_layers=2)
+STEPS, K, LR, RTOL = 4, 2, 3e-3, 1e-5
+RUNS = {                                             # name -> grid and options
+    "ddp": dict(strategy="ddp", dp=2), "zero1": dict(strategy="zero1", dp=2),
+    "zero2": dict(strategy="zero2", dp=2), "fsdp": dict(strategy="fsdp", dp=2),
+    "tp": dict(strategy="tp", tp=2), "pp": dict(strategy="pp", pp=2, microbatches=2),
+    "cp": dict(strategy="cp", cp=2), "3d": dict(strategy="3d", dp=2, tp=2),
+    "fsdp4": dict(strategy="fsdp", dp=4),
+}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    """A learnable stream: one random sequence of 200 tokens, rotated 40 times."""
+    base = np.random.default_rng(0).integers(0, MODEL.vocab_size, 200)
+    path = tmp_path_factory.mktemp("tokens") / "train.bin"
+    np.concatenate([np.roll(base, k) for k in range(40)]).astype(np.uint16).tofile(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cfg(tokens):
+    return TrainConfig(model=MODEL, tokens=tokens, steps=STEPS, lr=LR, global_batch=8,
+                       log_every=STEPS, peak_flops=1e12)     # MFU's peak: not measured here
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cfg):
+    """Each strategy's losses over STEPS, trained without a stop (cached for the module)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = train(cfg, timeout=120, **RUNS[name])["losses"]
+        return cache[name]
+    return get
+
+
+def _close(a, b, rtol=RTOL):
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=rtol) for x, y in zip(a, b))
+
+
+def test_every_strategy_equals_one_process(cfg, uninterrupted):
+    loader = TokenLoader(cfg.tokens, MODEL.seq_len, cfg.global_batch)
+    ref = train_reference(GPT(MODEL, 0), loader.batch, STEPS, LR, "adamw").losses
+    assert ref[-1] < ref[0] - 0.05                         # it learns
+    for name in ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp"):
+        got = uninterrupted(name)
+        print(name, got)
+        assert _close(got, ref), f"{name}: {got} vs one process {ref}"
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "3d"])
+def test_resume_equals_uninterrupted(cfg, uninterrupted, tmp_path, name):
+    first = train(cfg, timeout=120, steps=K, checkpoint_dir=str(tmp_path), checkpoint_every=K,
+                  **RUNS[name])
+    second = train(cfg, timeout=120, checkpoint_dir=str(tmp_path), **RUNS[name])
+    assert second["first_step"] == K and second["resumed_from"].endswith(f"step_{K:06d}")
+    assert first["losses"] + second["losses"] == uninterrupted(name)      # bit-exact
+
+
+def test_reshard_fsdp4_to_tp2_and_ddp2(cfg, uninterrupted, tmp_path):
+    train(cfg, timeout=120, steps=K, checkpoint_dir=str(tmp_path), checkpoint_every=K,
+          **RUNS["fsdp4"])
+    ref = uninterrupted("fsdp4")
+    for target in ("tp", "ddp"):
+        got = train(cfg, timeout=120, checkpoint_dir=str(tmp_path), **RUNS[target])
+        assert got["first_step"] == K
+        print(target, got["losses"], ref[K:])
+        assert _close(got["losses"], ref[K:]), f"fsdp(4) -> {target}: {got['losses']}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_rank_under_run_then_resume(cfg, uninterrupted, tmp_path):
+    expected = uninterrupted("ddp")[-1]                 # also leaves a warm pool of 2 ranks
+    before = launch.worker_pids(2)
+    assert before
+    kw = dict(RUNS["ddp"], checkpoint_dir=str(tmp_path), checkpoint_every=2, fail_at=3,
+              fail_rank=1)
+    with pytest.raises(lecture_lib.RankError, match="rank 1"):
+        train(cfg, timeout=120, **kw)
+    assert [p for p in before if _alive(p)] == []       # no process left behind
+    resumed = train(cfg, timeout=120, **kw)             # the marker stops a second kill
+    assert resumed["first_step"] == 2
+    assert resumed["losses"][-1] == expected
+
+
+def test_torchrun_restart_finishes_with_the_uninterrupted_loss(cfg, uninterrupted, tmp_path):
+    out, ck = tmp_path / "out.json", tmp_path / "ck"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=1", str(ROOT / "examples" / "train_gpt2.py"), "--tokens", cfg.tokens,
+           "--vocab-size", "30", "--layers", "2", "--d-model", "32", "--heads", "4",
+           "--context", "32", "--steps", str(STEPS), "--lr", str(LR), "--log-every", "1",
+           "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--fail-at", "3",
+           "--fail-rank", "1", "--peak-flops", "1e12", "--out", str(out)]
+    # torchrun shares its rendezvous store with the workers by default, and a restarted
+    # worker can then read the dead worker's gloo address (pytorch/pytorch#135712): the
+    # documented switch gives each restart a fresh store
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, log[-3000:]
+    assert "SIGKILL at step 3" in log
+    result = json.loads(out.read_text())
+    assert result["first_step"] == 2
+    assert math.isclose(result["losses"][-1], uninterrupted("ddp")[-1], rel_tol=1e-6)
+    with pytest.raises(ProcessLookupError):             # nothing of the job is left
+        os.killpg(proc.pid, 0)
+
+
+def test_bad_input_before_any_process(cfg, tmp_path, monkeypatch):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(launch, "run", no_ranks)
+    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
+        train(cfg, strategy="zero4", dp=2)
+    with pytest.raises(ValueError, match="has 4 ranks but world_size is 2"):
+        check_config(TrainConfig(MODEL, cfg.tokens, strategy="3d", dp=2, tp=2), world_size=2)
+    with pytest.raises(ValueError, match="has 4 ranks but world_size is 2"):
+        cli_main(["--strategy", "3d", "--dp", "2", "--tp", "2", "--world-size", "2",
+                  "--tokens", cfg.tokens, "--vocab-size", "30"])
+    with pytest.raises(ValueError, match="data-parallel ranks only"):
+        train(cfg, strategy="fsdp", dp=1, tp=2)
+    with pytest.raises(ValueError, match="fail_at needs a checkpoint_dir"):
+        train(cfg, fail_at=2)
+    other = tmp_path / "step_000004"                    # a checkpoint of another model
+    other.mkdir()
+    meta = {"model": dict(MODEL.__dict__, d_model=64), "global_batch": 8, "data_seed": 0}
+    (other / checkpoint.META).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="of another model: d_model=64 \\(this run 32\\)"):
+        train(cfg, strategy="ddp", dp=2, checkpoint_dir=str(tmp_path))
+
+
+def test_mfu_counts_the_models_flops():
+    gpt = GPT(MODEL, 0)
+    n = non_embedding_params(MODEL)
+    assert metrics.model_flops_per_token(n, MODEL.n_layers, MODEL.seq_len, MODEL.d_model) \
+        == metrics.gpt_flops_per_token(gpt)
