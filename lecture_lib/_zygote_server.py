@@ -4,7 +4,8 @@ Started by :class:`lecture_lib.zygote.Zygote` as a script (``python -u <this
 file>``), so that lecture_lib itself is not imported here: each worker
 imports the library as it is on disk when the worker starts, exactly as
 ``python -m lecture_lib._worker`` does, and only torch's import (seconds,
-most of a cold start) is shared. The process has one thread when it forks
+most of a cold start) is shared, with ``torch._dynamo``'s, which the first
+optimizer a worker builds would import. The process has one thread when it forks
 (``OMP_NUM_THREADS=1`` keeps numpy's BLAS from starting any), which is what
 makes ``fork`` without ``exec`` safe.
 
@@ -27,8 +28,11 @@ import traceback
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]           # run as a script: its folder (lecture_lib/) is no top-level package
 
-import cloudpickle  # noqa: E402, F401  what every worker imports: loaded once, here
+# What every worker imports, loaded once here. torch._dynamo: torch.optim's first optimizer
+# imports it (the decorator that keeps dynamo off its methods), seconds of CPU in every worker.
+import cloudpickle  # noqa: E402, F401
 import torch  # noqa: E402, F401
+import torch._dynamo  # noqa: E402, F401
 import torch.distributed  # noqa: E402, F401
 
 MAX_REQUEST = 1 << 20

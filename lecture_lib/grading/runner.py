@@ -30,6 +30,10 @@ from .sandbox import _Tail
 
 TESTS = ROOT / "tests" / "exercises"
 DEFAULT_POINTS = 10
+#: Plugins the exercise tests do not use, kept out of each grading process: the cache, xdist,
+#: and nbval (importing it imports nbformat and jsonschema's format checkers, seconds of CPU
+#: per process).
+NO_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:nbval")
 
 
 @dataclass
@@ -77,7 +81,7 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
         xml = Path(tmp) / "report.xml"
         env = dict(os.environ, LECTURE_EXERCISE_PATH=str(Path(student_file).resolve()),
                    OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        cmd = [sys.executable, "-m", "pytest", "-q", *NO_PLUGINS,
                "-p", "lecture_lib.grading.plugin", f"--junitxml={xml}", f"--rootdir={ROOT}",
                *map(str, files)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
