@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import lecture_lib
 from lecture_lib import launch, metrics
@@ -178,3 +179,21 @@ def test_mfu_counts_the_models_flops():
     n = non_embedding_params(MODEL)
     assert metrics.model_flops_per_token(n, MODEL.n_layers, MODEL.seq_len, MODEL.d_model) \
         == metrics.gpt_flops_per_token(gpt)
+
+
+def test_emulated_run_has_the_same_losses_and_a_deterministic_virtual_time(cfg, uninterrupted):
+    runs = [train(cfg, timeout=120, emulate="h100-node", peak_flops=None, **RUNS["ddp"])
+            for _ in range(2)]
+    assert runs[0]["losses"] == uninterrupted("ddp")          # the same bits, only timed
+    assert runs[0]["time_kind"] == "emulated H100 + NVLink"
+    assert runs[0]["step_seconds"] == runs[1]["step_seconds"]  # virtual time: no noise
+    assert 0 < runs[0]["comm_seconds"] < sum(runs[0]["step_seconds"])
+    assert runs[0]["peak_flops"] == lecture_lib.emulate.preset("h100-node").flops(torch.float32)
+
+
+def test_emulation_refuses_unknown_presets_and_checkpoints_before_any_process(cfg, tmp_path):
+    with pytest.raises(ValueError, match="unknown emulation preset 'tpu'"):
+        check_config(TrainConfig(MODEL, cfg.tokens, emulate="tpu"))
+    with pytest.raises(ValueError, match="emulate runs neither checkpoints"):
+        check_config(TrainConfig(MODEL, cfg.tokens, emulate="h100-node",
+                                 checkpoint_dir=str(tmp_path)))

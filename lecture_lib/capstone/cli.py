@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=None, help="ranks, without torchrun")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="one device's peak FLOP/s for MFU (default: a measured fp32 matmul)")
+    p.add_argument("--emulate", default=None, metavar="PRESET",
+                   help="time the steps as an emulated cluster would run them (h100-node, ...)")
     p.add_argument("--out", help="write rank 0's result here as JSON")
     return p
 
@@ -90,7 +92,8 @@ def config_from_args(args, world_size: int) -> TrainConfig:
                        data_seed=args.data_seed, log_every=args.log_every,
                        checkpoint_dir=args.checkpoint_dir,
                        checkpoint_every=args.checkpoint_every, fail_at=args.fail_at,
-                       fail_rank=args.fail_rank, peak_flops=args.peak_flops)
+                       fail_rank=args.fail_rank, peak_flops=args.peak_flops,
+                       emulate=args.emulate)
 
 
 def _summary(result: dict) -> dict:

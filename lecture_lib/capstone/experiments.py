@@ -5,7 +5,9 @@ global batch and data order under each strategy (:data:`DEFAULT_RUNS`, or the
 caller's), one ``lecture_lib.run`` call each, with the communication recorder of
 :mod:`lecture_lib.comm` on, and returns one row per run: losses, tokens/s, MFU,
 the memory each rank held and peaked at, and the share of the step spent inside
-recorded collectives. Time is real time on this machine (``time_kind``);
+recorded collectives. Time is real time on this machine, or with ``base.emulate`` the
+virtual time of an emulated cluster (``time_kind``; there the share is the communication
+stream's busy time, and the recorder stays off so that it does not serialise the streams);
 pipeline sends and receives are counted as the
 recorder's ``"send"`` kind (:func:`.strategies.recorded_exchange`); their time includes
 the wait for the stage before, so a pipeline's share holds part of its bubble.
@@ -21,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import launch
-from ..metrics import time_kind
 from ..progress import progress
 from .train import TrainConfig, check_config, measured_peak_flops, train, train_on_rank
 
@@ -55,7 +56,7 @@ def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
             "comm_share": shares, "comm_bytes": [r["comm_bytes"] for r in results],
             "comm_sent_bytes": [r["comm_sent_bytes"] for r in results],
             "comm": [r["comm"] for r in results], "val_losses": r0["val_losses"],
-            "time_kind": time_kind()}
+            "time_kind": r0.get("time_kind", "real")}
 
 
 def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
@@ -78,12 +79,12 @@ def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
         if missing:
             raise ValueError(f"no run named {missing}; the runs are {list(runs)}")
         runs = {n: runs[n] for n in only}
-    if base.peak_flops is None:                 # one MFU denominator for every run
+    if base.peak_flops is None and base.emulate is None:   # one MFU denominator for every run
         base = replace(base, peak_flops=measured_peak_flops(launch.device(), reps=20))
     configs = {}
     for name, options in runs.items():
         cfg = replace(base, checkpoint_dir=None, checkpoint_every=0, fail_at=None,
-                      record_comm=True, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1,
+                      record_comm=base.emulate is None, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1,
                                            "microbatches": 1, **options})
         check_config(cfg)                       # every run's bad input before the first starts
         configs[name] = cfg

@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import launch
+from .. import emulate, launch
 from ..comm import record_comm
 from ..context_parallel import shard_sequence
-from ..metrics import mfu, model_flops_per_token, wall_time
+from ..metrics import mfu, model_flops_per_token, time_kind, wall_time
 from ..models import GPTConfig
 from . import checkpoint
 from .loader import TokenLoader, open_tokens
@@ -78,6 +78,7 @@ class TrainConfig:
     fail_rank: int = 0
     record_comm: bool = False
     peak_flops: float | None = None
+    emulate: str | None = None           # an emulation preset ("h100-node"): virtual time
     extra: dict = field(default_factory=dict)
 
     @property
@@ -96,6 +97,11 @@ def check_config(cfg: TrainConfig, world_size: int | None = None) -> None:
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, not {getattr(cfg, name)}")
     TokenLoader(open_tokens(cfg.tokens), cfg.model.seq_len, cfg.global_batch)   # enough tokens
+    if cfg.emulate is not None:
+        emulate.preset(cfg.emulate)                  # an unknown preset: ValueError
+        if cfg.checkpoint_dir or cfg.fail_at is not None:
+            raise ValueError("emulate runs neither checkpoints nor failures: DCP's DTensor "
+                             "collectives are not seen by the emulation (lecture_lib.emulate)")
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         raise ValueError("checkpoint_every needs a checkpoint_dir")
     if cfg.fail_at is not None:
@@ -236,6 +242,14 @@ def _meta(cfg: TrainConfig) -> dict:
             "grid": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp}}
 
 
+def _comm_busy(clock) -> float:
+    """Emulated seconds the communication stream has been busy so far (0 in real time)."""
+    if clock is None:
+        return 0.0
+    clock.resolve()
+    return clock.totals.get("comm", 0.0)
+
+
 def _comm(log) -> dict:
     """What the recorder saw on this rank (None when it was off)."""
     if log is None:
@@ -245,20 +259,30 @@ def _comm(log) -> dict:
 
 
 def train_on_rank(cfg: TrainConfig) -> dict:
-    """The rank function (``lecture_lib.run`` or torchrun): train, log, checkpoint; a summary."""
+    """The rank function (``lecture_lib.run`` or torchrun): train, log, checkpoint; a summary.
+
+    With ``cfg.emulate`` the steps run in the virtual time of that preset
+    (:mod:`lecture_lib.emulate`; the losses are the same bits), MFU is against the rate the
+    preset charges, and ``comm_seconds`` is the communication stream's busy time.
+    """
     plan, loader, val, found = _setup(cfg)
     dev = launch.device()
-    peak = cfg.peak_flops or _agreed(measured_peak_flops(dev))
+    peak = cfg.peak_flops or (emulate.preset(cfg.emulate).flops(torch.float32) if cfg.emulate
+                              else _agreed(measured_peak_flops(dev)))
     flops_tok = model_flops_per_token(non_embedding_params(cfg.model), cfg.model.n_layers,
                                       cfg.model.seq_len, cfg.model.d_model)
-    first, losses, seconds, rows = loader.step, [], [], []
-    with record_comm() if cfg.record_comm else nullcontext() as comm_log:
+    first, losses, seconds, rows, busy = loader.step, [], [], [], []
+    with (emulate.emulated(cfg.emulate) if cfg.emulate else nullcontext()) as clock, \
+            (record_comm() if cfg.record_comm else nullcontext()) as comm_log:
+        kind = time_kind()
         for step in range(first, cfg.steps):
             x, y = _slice(loader.next_batch(), plan)
+            comm_before = _comm_busy(clock)
             with wall_time(dev) as t:
                 local = plan.forward_backward(x, y)
                 _maybe_fail(cfg, step)
                 plan.update()
+            busy.append(_comm_busy(clock) - comm_before)
             losses.append(_global_mean(local, plan))
             seconds.append(t.seconds)
             last = step == cfg.steps - 1
@@ -267,11 +291,14 @@ def train_on_rank(cfg: TrainConfig) -> dict:
                                      val, flops_tok, peak))
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or last):
                 checkpoint.save(cfg.checkpoint_dir, step + 1, plan, loader, _meta(cfg))
+    comm = _comm(comm_log)
+    if clock is not None:
+        comm["comm_seconds"] = sum(busy)
     timed = seconds[1:] or seconds
     return {"losses": losses, "first_step": first, "resumed_from": str(found) if found else None,
             "log": rows, "step_seconds": seconds, "peak_flops": peak,
             "tokens_per_s": cfg.global_batch * cfg.model.seq_len / statistics.median(timed)
             if timed else None,
             "val_losses": {r["step"]: r["val_loss"] for r in rows if r["val_loss"] is not None},
-            **_comm(comm_log),
+            **comm, "time_kind": kind,
             "strategy": cfg.strategy, "grid": _meta(cfg)["grid"], "model": asdict(cfg.model)}
