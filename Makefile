@@ -40,6 +40,11 @@ render: setup
 test: setup
 	$(VENV)/bin/ruff check lecture_lib tests solutions exercises examples tools
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) --durations=10 --ignore=tests/browser tests
+	@# a CPU with native bf16 (AVX512-BF16, AMX) runs other oneDNN kernels: the 16-bit tests again on the older ones
+	@if grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then \
+		echo "16-bit tests again with ONEDNN_MAX_CPU_ISA=AVX2 (this CPU has native bf16)"; \
+		ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -q -m sixteen_bit --ignore=tests/browser tests; \
+	else echo "16-bit tests ran on the AVX2 kernels only: this CPU has no native bf16 (no avx512_bf16/amx_bf16)"; fi
 	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
 
 # JupyterLab in headless Chromium (Debian's `chromium` package; Playwright from pip): notebooks

@@ -1,6 +1,7 @@
 """Mixed precision and activation checkpointing (lecture_lib.precision), on one process.
 
-Tolerances: bf16 loss within 2% (relative) of fp32 at every one of 20 steps;
+Tolerances: bf16 loss within lecture_lib.tolerance.rtol(bf16, gpt_depth(2)) (relative) of fp32
+at every one of 20 steps (the rounding bound of a 2-layer GPT step in bf16; measured: under 2%);
 fp16 with dynamic loss scaling within 5% at the last step (measured: 2%; its
 first step is skipped on purpose: the initial scale 2^16 overflows, as in torch's
 GradScaler, so it trails fp32 by a step);
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from lecture_lib import precision as P
+from lecture_lib import tolerance
 from lecture_lib.costmodel import model_state_breakdown
 from lecture_lib.models import GPT, GPTConfig, MarkovText
 
@@ -40,12 +42,15 @@ def test_bf16_bytes_per_parameter_match_the_zero_paper(runs):
     assert runs["fp32"]["bytes_per_param"] == pytest.approx(20, rel=0.01)
 
 
+@pytest.mark.sixteen_bit
 def test_bf16_loss_curve_follows_fp32(runs):
+    rtol = tolerance.rtol(torch.bfloat16, tolerance.gpt_depth(CFG.n_layers))
     for step, (a, b) in enumerate(zip(runs["bf16"]["losses"], runs["fp32"]["losses"])):
-        assert abs(a - b) / b < 0.02, f"step {step}: bf16 {a} vs fp32 {b}"
+        assert abs(a - b) / b < rtol, f"step {step}: bf16 {a} vs fp32 {b} (rtol {rtol:.3g})"
     assert runs["bf16"]["losses"][-1] < 0.8 * runs["bf16"]["losses"][0]   # it learns
 
 
+@pytest.mark.sixteen_bit
 def test_fp16_with_dynamic_loss_scaling(runs):
     fp16, fp32 = runs["fp16"], runs["fp32"]
     assert fp16["skipped"] >= 1 and fp16["scale"] < 2.0 ** 16       # overflow seen, scale halved
