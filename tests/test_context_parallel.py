@@ -1,9 +1,13 @@
 """Context parallelism equals one process: ring and Ulysses attention (outputs and gradients),
 the online-softmax merge, both layouts, the GPT trained with cp; bad input fails early."""
+import re
+
 import pytest
 import torch
+import torch.distributed as dist
 
 import lecture_lib
+from lecture_lib.comm import record_comm
 from lecture_lib.context_parallel import (
     attention_reference,
     block_attention,
@@ -164,11 +168,61 @@ def test_ring_overlaps_kv_hops_with_attention_in_emulated_time():
                                     method="ulysses", layout="contiguous"), "heads divisible"),
     (lambda: measure_ring_overlap(4, (1, 4, 12, 8)), "divisible by 8"),
     (lambda: measure_ring_overlap(2, (1, 4, 16, 8), preset="tpu"), "unknown emulation preset"),
+    (lambda: ring_attention(*_qkv([5, 5, 5]), "local", "zigzag"), "even number of tokens"),
+    (lambda: ring_attention(*_qkv([8, 6, 8]), "local"),
+     r"rank 0: q \(1, 2, 8, 4\), k \(1, 2, 6, 4\)"),
+    (lambda: ring_attention(*_qkv([0, 0, 0]), "local", "contiguous"), "at least 1 token"),
+    (lambda: ring_attention(*_qkv([8, 8, 8]), "local", "stripes"), "layout must be one of"),
 ])
 def test_bad_input_fails_before_any_process_starts(check, match, monkeypatch):
     monkeypatch.setattr(lecture_lib.launch, "run", lambda *a, **k: pytest.fail("ranks started"))
     with pytest.raises(ValueError, match=match):
         check()
+
+
+def _qkv(tokens, seed: int = 0):
+    """q, k, v of shape (1, 2, tokens[i], 4)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, t, 4, generator=g) for t in tokens]
+
+
+def _ring_on_slices(q_tokens, k_tokens, layout):
+    """Inside a rank: ring attention on this rank's slice; the ValueError it raised (or None)
+    and how many K/V messages it had sent by then."""
+    rank = dist.get_rank()
+    q, k, v = _qkv([q_tokens[rank], k_tokens[rank], q_tokens[rank]], seed=rank)
+    with record_comm() as log:
+        try:
+            ring_attention(q, k, v, None, layout, True)
+        except ValueError as exc:
+            return str(exc), log.calls(kind="send")
+    return None, log.calls(kind="send")
+
+
+@pytest.mark.parametrize("q_tokens, k_tokens, layout, match", [
+    ([5, 5], [5, 5], "zigzag", r"even number of tokens per rank .*not 5"),
+    ([8, 6], [8, 6], "zigzag", r"rank 0: 8 tokens .*rank 1: 6 tokens"),
+    ([8, 6], [8, 6], "contiguous", r"rank 0: 8 tokens .*rank 1: 6 tokens"),
+    ([7, 8], [7, 8], "zigzag", r"rank 0: 7 tokens .*rank 1: 8 tokens"),
+    ([8, 8], [8, 6], "zigzag", r"rank 1: q \(1, 2, 8, 4\), k \(1, 2, 6, 4\)"),   # rank 1 alone
+])
+def test_ring_refuses_bad_slices_on_every_rank_before_any_kv_message(q_tokens, k_tokens, layout,
+                                                                    match):
+    results = lecture_lib.run(_ring_on_slices, 2, q_tokens, k_tokens, layout, timeout=60)
+    for rank, (error, sends) in enumerate(results):
+        assert error is not None, f"rank {rank} did not raise"
+        assert re.search(match, error), (rank, error)
+        assert sends == 0, (rank, sends)                      # no K/V block left its rank
+    assert results[0][0] == results[1][0]                     # every rank says the same
+
+
+def test_a_zigzag_slice_of_odd_length_fails_the_run_with_the_reason():
+    with pytest.raises(lecture_lib.RankError, match=r"raised ValueError: .*even number of tokens"):
+        lecture_lib.run(_ring_on_rank_unguarded, 2, 5, timeout=60)
+
+
+def _ring_on_rank_unguarded(tokens):
+    return ring_attention(*_qkv([tokens] * 3), None, "zigzag", True)
 
 
 def test_torch_context_parallel_runs_or_says_what_fails():

@@ -18,6 +18,8 @@ from .attention import (
 from .layout import (
     LAYOUTS,
     check_layout,
+    check_layout_name,
+    check_slice_tokens,
     num_chunks,
     positions,
     rank_chunks,
@@ -34,6 +36,9 @@ from .model import (
 from .ring import (
     RingAttention,
     block_pairs,
+    check_ring_inputs,
+    check_ring_slices,
+    gather_slice_shapes,
     ring_attention,
     ring_backward,
     ring_forward,
@@ -44,10 +49,12 @@ from .ulysses import check_ulysses, heads_to_seq, seq_to_heads, ulysses_attentio
 
 __all__ = [
     "attention_reference", "block_attention", "block_attention_backward", "causal_mask", "merge",
-    "LAYOUTS", "check_layout", "num_chunks", "positions", "rank_chunks", "shard_sequence",
-    "unshard_sequence", "ContextParallelAttention", "LayoutPositionEmbedding",
+    "LAYOUTS", "check_layout", "check_layout_name", "check_slice_tokens", "num_chunks",
+    "positions", "rank_chunks", "shard_sequence", "unshard_sequence",
+    "ContextParallelAttention", "LayoutPositionEmbedding",
     "check_context_parallel", "parallelize_gpt", "sync_context_parallel_grads",
-    "RingAttention", "block_pairs", "ring_attention", "ring_backward", "ring_forward",
+    "RingAttention", "block_pairs", "check_ring_inputs", "check_ring_slices",
+    "gather_slice_shapes", "ring_attention", "ring_backward", "ring_forward",
     "ring_schedule", "ring_shift", "check_ulysses", "heads_to_seq", "seq_to_heads",
     "ulysses_attention",
 ]

@@ -193,9 +193,10 @@ def exchanges_waited():
 def _emulated_ring(mine, do, layout, causal, backward, preset, overlap: bool) -> dict:
     """One emulated ring attention (forward, and backward), from fresh clocks."""
     mine = [t.detach().clone().requires_grad_(True) for t in mine]
+    ring.check_ring_inputs(*mine, None, layout)       # its all-gather: before the clocks start
     with nullcontext() if overlap else exchanges_waited(), emulate.emulated(preset) as clock:
         with clock.phase("forward"):
-            o = ring.ring_attention(*mine, None, layout, causal)
+            o = ring.RingAttention.apply(*mine, None, layout, causal)
         if backward:
             with clock.phase("backward"):
                 o.backward(do)
@@ -228,6 +229,8 @@ def measure_ring_overlap(cp: int, shape=(1, 8, 1024, 64), preset="h100-node",
     ``idle_s`` (compute waiting for a hop), ``hops``, ``spans`` (the timeline:
     compute spans and sends), ``o`` and ``grads``; and ``step_s``, ``serial_s``
     (the slowest rank's), ``overlap_s`` (their difference: the hop time hidden).
+    The ring's check of the slices (:func:`.ring.check_ring_inputs`, one small
+    all-gather) runs before the clocks start: what is timed is the ring itself.
     """
     check_layout(shape[2], cp, layout)
     emulate.preset(preset)                                   # a bad preset: now

@@ -22,10 +22,15 @@ import torch
 LAYOUTS = ("contiguous", "zigzag")
 
 
-def check_layout(seq_len: int, cp: int, layout: str = "zigzag") -> None:
-    """A clear ValueError unless ``seq_len`` splits into the layout's equal chunks."""
+def check_layout_name(layout: str) -> None:
+    """A clear ValueError unless ``layout`` is one of :data:`LAYOUTS`."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+
+
+def check_layout(seq_len: int, cp: int, layout: str = "zigzag") -> None:
+    """A clear ValueError unless ``seq_len`` splits into the layout's equal chunks."""
+    check_layout_name(layout)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be a whole number >= 1, not {cp!r}")
     parts = num_chunks(cp, layout)
@@ -33,6 +38,20 @@ def check_layout(seq_len: int, cp: int, layout: str = "zigzag") -> None:
         raise ValueError(f"sequence length {seq_len} is not divisible by {parts} "
                          f"({'2 x ' if layout == 'zigzag' else ''}cp={cp}): the {layout} "
                          f"layout cuts the sequence into {parts} equal chunks")
+
+
+def check_slice_tokens(tokens: int, layout: str = "zigzag") -> None:
+    """A clear ValueError unless one rank's slice of ``tokens`` tokens fits the layout.
+
+    Contiguous: one chunk per rank, at least one token. Zig-zag: two equal
+    chunks per rank (an early and a late one), so an even number, at least 2.
+    """
+    check_layout_name(layout)
+    if layout == "zigzag" and (tokens % 2 or tokens < 2):
+        raise ValueError(f"the zigzag layout holds two equal chunks per rank, so it needs an even "
+                         f"number of tokens per rank (at least 2), not {tokens}")
+    if tokens < 1:
+        raise ValueError(f"the contiguous layout needs at least 1 token per rank, not {tokens}")
 
 
 def num_chunks(cp: int, layout: str) -> int:

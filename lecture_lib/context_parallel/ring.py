@@ -23,15 +23,23 @@ blocks forward, and (cp - 1) K/V blocks plus cp dK/dV blocks backward.
 
 Every send is recorded through ``lecture_lib.comm.collective`` (kind
 ``"send"``, the bytes of one message) when a recorder is on.
+
+Before the first K/V block moves, :func:`ring_attention` checks the slices
+(:func:`check_ring_inputs`): each rank's ``q``, ``k``, ``v`` must have one
+shape, every rank the same one (a received block must fit the buffer posted
+for it), and the token count must fit the layout (zig-zag: two equal chunks).
+A rank cannot see the others' shapes, so the ranks first all-gather theirs
+(12 numbers, phase ``"check"``) and every rank then reaches the same verdict:
+the same ValueError on all of them, and none is left waiting for a message.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ..comm import collective, resolve
+from ..comm import all_gather_into, collective, resolve
 from .attention import block_attention, block_attention_backward, causal_mask, merge
-from .layout import rank_chunks
+from .layout import check_layout_name, check_slice_tokens, rank_chunks
 
 
 def block_pairs(rank: int, source: int, cp: int, layout: str = "zigzag",
@@ -55,6 +63,54 @@ def ring_schedule(cp: int, layout: str = "zigzag", causal: bool = True) -> list[
     """``schedule[step][rank]``: the K/V block held (its ``source`` rank) and the pairs computed."""
     return [[{"source": (r - s) % cp, "pairs": block_pairs(r, (r - s) % cp, cp, layout, causal)}
              for r in range(cp)] for s in range(cp)]
+
+
+def _shape_code(t: torch.Tensor) -> list[int]:
+    """Four numbers: the shape of a 4-D tensor, or ``[-1, ndim, 0, 0]`` for any other."""
+    return list(t.shape) if t.dim() == 4 else [-1, t.dim(), 0, 0]
+
+
+def _describe(code: list[int]) -> str:
+    return f"a {code[1]}-D tensor" if code[0] < 0 else str(tuple(code))
+
+
+def gather_slice_shapes(q, k, v, group=None) -> list[list[list[int]]]:
+    """``shapes[rank] == [q, k, v]`` shape codes of every rank: one all-gather of 12 numbers."""
+    group, _, size = resolve(group)
+    mine = torch.tensor([n for t in (q, k, v) for n in _shape_code(t)], device=q.device)
+    everyone = mine
+    if size > 1:
+        everyone = torch.empty(size * mine.numel(), dtype=mine.dtype, device=q.device)
+        all_gather_into(everyone, mine, group, phase="check")
+    return [[row[i:i + 4] for i in (0, 4, 8)] for row in everyone.view(size, -1).tolist()]
+
+
+def check_ring_slices(shapes: list[list[list[int]]], layout: str = "zigzag",
+                      ranks: list[int] | None = None) -> None:
+    """A ValueError unless every rank holds q, k, v of one 4-D shape, the same on every rank,
+    with a token count that fits ``layout``. ``shapes``: :func:`gather_slice_shapes`;
+    ``ranks``: the global rank of each (default: their index)."""
+    ranks = list(range(len(shapes))) if ranks is None else ranks
+    odd = [f"rank {r}: q {_describe(q)}, k {_describe(k)}, v {_describe(v)}"
+           for r, (q, k, v) in zip(ranks, shapes) if q[0] < 0 or not q == k == v]
+    if odd:
+        raise ValueError("ring attention needs q, k and v of one shape (batch, heads, tokens, "
+                         "head_dim) on each rank: " + "; ".join(odd))
+    if any(q != shapes[0][0] for q, _, _ in shapes):
+        held = ", ".join(f"rank {r}: {q[2]} tokens {_describe(q)}"
+                         for r, (q, _, _) in zip(ranks, shapes))
+        raise ValueError("ring attention needs slices of the same shape on every rank (each "
+                         "rank's K/V block travels to the others): " + held)
+    check_slice_tokens(shapes[0][0][2], layout)
+
+
+def check_ring_inputs(q, k, v, group=None, layout: str = "zigzag") -> None:
+    """Every rank's slices checked together (the same ValueError on every rank), before any
+    K/V message: the layout's name here, then one all-gather of the shapes."""
+    check_layout_name(layout)
+    group, _, size = resolve(group)
+    ranks = None if group is None else [dist.get_global_rank(group, r) for r in range(size)]
+    check_ring_slices(gather_slice_shapes(q, k, v, group), layout, ranks)
 
 
 def ring_shift(t: torch.Tensor, group=None, phase: str = ""):
@@ -141,6 +197,8 @@ def ring_attention(q, k, v, group=None, layout: str = "zigzag", causal: bool = T
     """Attention of this rank's ``q`` (batch, heads, tokens, head_dim) over the whole sequence.
 
     ``q``, ``k``, ``v`` are this rank's slice in ``layout`` (:mod:`.layout`); the
-    output is this rank's slice of the one-process attention output.
+    output is this rank's slice of the one-process attention output. The slices are
+    checked first, on every rank together (:func:`check_ring_inputs`).
     """
+    check_ring_inputs(q, k, v, group, layout)
     return RingAttention.apply(q, k, v, group, layout, causal)
