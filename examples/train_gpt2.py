@@ -7,6 +7,9 @@
         --strategy 3d --tp 2 --pp 2 --microbatches 4 --batch 32 --steps 200
     python examples/train_gpt2.py --strategy tp --tp 2        # starts its ranks itself
 
+The restart needs no TORCH_DISABLE_SHARE_RDZV_TCP_STORE: the process group is keyed by
+torchrun's restart count (PyTorch issue 135712), and a rank that waits longer than --timeout
+seconds says for what and exits (lecture_lib/capstone/elastic.py).
 On several nodes give torchrun --nnodes, --node-rank and --rdzv-endpoint instead of
 --standalone. Every option: ``python examples/train_gpt2.py --help``
 (lecture_lib/capstone/cli.py).

@@ -2,8 +2,11 @@
 
 Under ``torchrun`` (``WORLD_SIZE`` is set) every process parses the same
 arguments, checks them before it joins the process group, and runs
-:func:`.train.train_on_rank` (env:// rendezvous, :func:`lecture_lib.launch.torchrun_main`:
-NCCL and ``cuda:<LOCAL_RANK>`` when there is a GPU per process, gloo otherwise).
+:func:`.train.train_on_rank` through :func:`.elastic.torchrun_main`: the group's keys live
+under torchrun's restart generation (so a restart after ``--fail-at`` never reads a dead
+worker's address, PyTorch issue 135712), and a rank whose join, step, checkpoint or final
+barrier takes longer than ``--timeout`` seconds ends with a message saying what it waited for
+(NCCL and ``cuda:<LOCAL_RANK>`` when there is a GPU per process, gloo otherwise).
 Run with plain ``python``, it starts the ranks itself through ``lecture_lib.run``.
 
     torchrun --standalone --nproc-per-node=2 examples/train_gpt2.py --strategy fsdp
@@ -20,8 +23,8 @@ import json
 import os
 from pathlib import Path
 
-from ..launch import torchrun_main
 from ..models import GPTConfig
+from .elastic import DEFAULT_TIMEOUT, check_failure, torchrun_main
 from .strategies import STRATEGIES
 from .train import TrainConfig, check_config, cpu_gpt, gpt2_small, train, train_on_rank
 
@@ -51,13 +54,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--fail-at", type=int, default=None, help="SIGKILL --fail-rank at this step")
+    p.add_argument("--fail-at", type=int, default=None,
+                   help="SIGKILL --fail-rank at this step (needs --checkpoint-every <= it)")
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=None, help="ranks, without torchrun")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="one device's peak FLOP/s for MFU (default: a measured fp32 matmul)")
     p.add_argument("--emulate", default=None, metavar="PRESET",
                    help="time the steps as an emulated cluster would run them (h100-node, ...)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="under torchrun: seconds a rank may spend joining the group, in one "
+                        "step, a checkpoint or the final barrier before it ends with a "
+                        "message saying what it waited for")
     p.add_argument("--out", help="write rank 0's result here as JSON")
     return p
 
@@ -112,10 +120,12 @@ def main(argv=None) -> dict:
     args = parser().parse_args(argv)
     torchrun = "WORLD_SIZE" in os.environ
     world = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
+    check_failure(args.fail_at, args.fail_rank, world, args.checkpoint_dir,  # before the data
+                  args.checkpoint_every, args.steps)
     cfg = config_from_args(args, world or 1)
     check_config(cfg, world or cfg.world_size)             # before any rank trains
     if torchrun:
-        return torchrun_main(_rank_main, cfg, args.out)
+        return torchrun_main(_rank_main, cfg, args.out, timeout=args.timeout)
     result = train(cfg)
     if args.out:
         Path(args.out).write_text(json.dumps(result, default=str))

@@ -2,15 +2,16 @@
 
 One rank function, :func:`train_on_rank`, runs the same way from a notebook
 (:func:`train`, through ``lecture_lib.run``) and from a shell
-(``torchrun ... examples/train_gpt2.py``, env:// rendezvous; NCCL and
-``cuda:<LOCAL_RANK>`` when there is a GPU per process, gloo on the CPU). Every
+(``torchrun ... examples/train_gpt2.py``: :func:`.elastic.torchrun_main`, a process group
+keyed by torchrun's restart generation and a watchdog; NCCL and ``cuda:<LOCAL_RANK>`` when
+there is a GPU per process, gloo on the CPU). Every
 strategy sees the same global batch in the same order (:mod:`.loader`), so its
 loss curve is the one-process curve up to rounding.
 
 Each step: this rank's shard of the global batch, forward and backward with the
 strategy's communication (:mod:`.strategies`), optionally a simulated crash
 (``fail_at``: ``SIGKILL`` of rank ``fail_rank`` between backward and the update,
-once: a marker file in the checkpoint folder says it happened), the update,
+once: a marker file in the checkpoint folder says it happened; :mod:`.elastic`), the update,
 the global mean loss. Every ``log_every`` steps a progress line: step, loss,
 validation loss, tokens/s, MFU (:func:`lecture_lib.metrics.mfu`, against the
 measured dense-matmul rate of the device unless ``peak_flops`` is given) and
@@ -20,12 +21,9 @@ a checkpoint (:mod:`.checkpoint`); a run starts from the latest one it finds.
 """
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,7 +33,7 @@ from ..comm import record_comm
 from ..context_parallel import shard_sequence
 from ..metrics import mfu, model_flops_per_token, time_kind, wall_time
 from ..models import GPTConfig
-from . import checkpoint
+from . import checkpoint, elastic
 from .loader import TokenLoader, open_tokens
 from .strategies import STRATEGIES, Plan, check_strategy, make_grid
 
@@ -104,11 +102,8 @@ def check_config(cfg: TrainConfig, world_size: int | None = None) -> None:
                              "collectives are not seen by the emulation (lecture_lib.emulate)")
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         raise ValueError("checkpoint_every needs a checkpoint_dir")
-    if cfg.fail_at is not None:
-        if not cfg.checkpoint_dir:
-            raise ValueError("fail_at needs a checkpoint_dir (to resume, and to fail only once)")
-        if not 0 <= cfg.fail_rank < world:
-            raise ValueError(f"fail_rank must be in [0, {world}), not {cfg.fail_rank}")
+    elastic.check_failure(cfg.fail_at, cfg.fail_rank, world, cfg.checkpoint_dir,
+                          cfg.checkpoint_every, cfg.steps)
     found = checkpoint.latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     if found is not None:
         meta = checkpoint.read_meta(found)
@@ -158,22 +153,6 @@ def _agreed(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=launch.device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
-
-
-def _maybe_fail(cfg: TrainConfig, step: int) -> None:
-    """SIGKILL this rank at ``fail_at``, once (the marker survives the restart)."""
-    if cfg.fail_at != step or dist.get_rank() != cfg.fail_rank:
-        return
-    marker = Path(cfg.checkpoint_dir) / f"failed_step{step}_rank{cfg.fail_rank}"
-    if marker.exists():
-        return
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    with open(marker, "w") as f:
-        f.write("killed here\n")
-        f.flush()
-        os.fsync(f.fileno())
-    print(f"rank {cfg.fail_rank}: SIGKILL at step {step}", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _global_mean(local, plan: Plan) -> float:
@@ -276,11 +255,13 @@ def train_on_rank(cfg: TrainConfig) -> dict:
             (record_comm() if cfg.record_comm else nullcontext()) as comm_log:
         kind = time_kind()
         for step in range(first, cfg.steps):
+            elastic.watch(f"step {step} (forward, backward, the update and the loss's "
+                          "all-reduce on every rank)")
             x, y = _slice(loader.next_batch(), plan)
             comm_before = _comm_busy(clock)
             with wall_time(dev) as t:
                 local = plan.forward_backward(x, y)
-                _maybe_fail(cfg, step)
+                elastic.maybe_fail(cfg.fail_at, cfg.fail_rank, cfg.checkpoint_dir, step)
                 plan.update()
             busy.append(_comm_busy(clock) - comm_before)
             losses.append(_global_mean(local, plan))
@@ -290,6 +271,8 @@ def train_on_rank(cfg: TrainConfig) -> dict:
                 rows.append(_log_row(cfg, plan, step, losses[-1], seconds[-cfg.log_every:],
                                      val, flops_tok, peak))
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or last):
+                elastic.watch(f"the checkpoint after step {step} (a collective save to "
+                              f"{cfg.checkpoint_dir})")
                 checkpoint.save(cfg.checkpoint_dir, step + 1, plan, loader, _meta(cfg))
     comm = _comm(comm_log)
     if clock is not None:
