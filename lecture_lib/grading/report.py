@@ -4,7 +4,9 @@ Gradescope's autograder reads ``/autograder/results/results.json``: the total
 ``score``, and a list of ``tests``, each with ``name``, ``score``,
 ``max_score``, ``output`` and ``visibility``
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/). Each
-exercise is one Gradescope test; its output lists every pytest test it ran.
+exercise is one Gradescope test; its output (plain text) lists every pytest test
+it ran, with each failing test's whole message. ``--json`` writes the same
+results as a list of exercises, each with its tests and their whole messages.
 """
 from __future__ import annotations
 
@@ -29,25 +31,35 @@ def write_json(results: list, path: str | Path) -> None:
 
 
 def gradescope(results: list, visibility: str = "visible") -> dict:
-    """Gradescope's results.json for ``results`` (one Gradescope test per exercise)."""
+    """Gradescope's results.json for ``results`` (one Gradescope test per exercise). Each
+    test's ``output`` is plain text: every pytest test it ran, and each failing one's whole
+    message."""
     tests = []
     for r in results:
         lines = [f"{r.passed}/{r.total} tests passed"]
         for t in r.tests:
+            message = (t["message"] or "").splitlines() or [""]
             lines.append(f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}"
-                         + (f": {t['message']}" if t["message"] else ""))
-            if t.get("detail") and "\n" in t["detail"]:      # a deadlock's stacks, per rank
-                lines += ["      " + ln for ln in t["detail"].splitlines()[:40]]
+                         + (f": {message[0]}" if message[0] else ""))
+            lines += ["      " + ln if ln else "" for ln in message[1:]]
         if r.first_failure and not r.tests:
             lines.append(r.first_failure)
         tests.append({"name": f"{r.exercise} ({Path(r.file).name})", "score": r.points,
                       "max_score": r.max_points, "output": "\n".join(lines),
-                      "visibility": visibility})
+                      "output_format": "text", "visibility": visibility})
     return {"score": round(sum(r.points for r in results), 2),
-            "max_score": sum(r.max_points for r in results),
+            "max_score": sum(r.max_points for r in results), "output_format": "text",
             "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
 
 
-def write_gradescope(results: list, path: str | Path, visibility: str = "visible") -> None:
+def nothing_to_grade(why: str, visibility: str = "visible") -> dict:
+    """Gradescope's results.json for a submission with no exercise file in it: 0, and why."""
+    return {"score": 0.0, "output": why, "output_format": "text", "visibility": visibility,
+            "stdout_visibility": "hidden", "tests": []}
+
+
+def write_gradescope(results: list | dict, path: str | Path, visibility: str = "visible") -> None:
+    """Write ``results`` (graded exercises, or a ready results.json dict) to ``path``."""
+    doc = results if isinstance(results, dict) else gradescope(results, visibility)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(gradescope(results, visibility), indent=2))
+    Path(path).write_text(json.dumps(doc, indent=2))

@@ -10,9 +10,16 @@ test process that was killed scores 0, and after each exercise it kills every
 process left below it (it is a child subreaper, so orphans come back to it).
 A test file may set ``POINTS = n`` (default 10), awarded in proportion to the
 tests passed.
+
+Each test's message is the whole exception its test raised (the ``E`` lines of
+pytest's report, without pytest's own prefixes, locations or notes); an
+exercise's *first failure* is one line of its first failing test's message, cut
+only between values (never inside a tensor, list or word) with a note of what
+it left out.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import zygote
-from ..exercises import ROOT, exercise_id
+from ..exercises import EXERCISES, ROOT, exercise_id
 from ..launch import worker_pids
 from . import procs
 from .sandbox import _Tail
@@ -34,6 +41,12 @@ DEFAULT_POINTS = 10
 #: and nbval (importing it imports nbformat and jsonschema's format checkers, seconds of CPU
 #: per process).
 NO_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:nbval")
+#: Assertion explanations in full: without it pytest shortens them and says "use '-vv'".
+FULL_ASSERTIONS = ("-o", "verbosity_assertions=2")
+#: The width of a first-failure line (its message part), and the most a test's whole message
+#: keeps (a submission can raise an exception of any size).
+LINE_CHARS = 300
+MESSAGE_CHARS = 20_000
 
 
 @dataclass
@@ -45,7 +58,7 @@ class Result:
     points: float
     max_points: int
     first_failure: str
-    tests: list = field(default_factory=list)   # per test: name, passed, message, detail
+    tests: list = field(default_factory=list)   # per test: name, passed, message (whole)
 
 
 def _test_files(ex: str, extra: Path | None) -> list[Path]:
@@ -64,9 +77,92 @@ def _points(files: list[Path]) -> int:
 
 
 def _first_line(text: str) -> str:
+    """One line of ``text`` (a process's output): its first ``E`` line, else its first line."""
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     pick = next((ln[1:].strip() for ln in lines if ln.startswith("E ")), lines[0] if lines else "")
-    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(\w+: )", r"\1", pick)[:200]   # drop module paths
+    return one_line(_drop_module_path(pick), whole=None)
+
+
+def _drop_module_path(text: str) -> str:
+    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(\w+: )", r"\1", text)   # a.b.Error: -> Error:
+
+
+def _boundaries(text: str) -> list[int]:
+    """Where ``text`` may be cut: at a space outside every bracket, so a tensor, a list, a
+    call or a word is shown whole or not at all."""
+    depth, cuts = 0, []
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch.isspace() and depth == 0:
+            cuts.append(i)
+    return cuts + [len(text)]
+
+
+def one_line(message: str, width: int = LINE_CHARS,
+             whole: str | None = "--json, Gradescope's output") -> str:
+    """``message`` as one line of at most about ``width`` characters, cut only between values,
+    with a note of what it leaves out (and where the ``whole`` message is). Its lines are
+    joined with `` | `` up to a traceback (the submission's own) or, after a test's own
+    words, pytest's explanation of the assertion (``assert ...``): the message keeps both."""
+    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
+    head = lines[:1] + list(itertools.takewhile(
+        lambda ln: not ln.startswith(("---", "Traceback (", "assert ")), lines[1:]))
+    text = " | ".join(head)
+    cuts = _boundaries(text)
+    fit = [c for c in cuts if c <= width]
+    ends = [c for c in fit if text.startswith(" | ", c) or c == len(text)]
+    longer = next((c for c in cuts if c > width), len(text))
+    if len(text) <= width:
+        cut = len(text)
+    elif ends and ends[-1] >= width // 2:   # rather a whole line than a line's first words
+        cut = ends[-1]
+    elif fit and fit[-1] >= width // 2:
+        cut = fit[-1]
+    elif longer <= 4 * width:             # the next value is long: shown whole all the same
+        cut = longer
+    else:                                 # a value longer still: not shown at all
+        cut = fit[-1] if fit else 0
+    shown = text[:cut].rstrip()
+    rest = len(text) - len(shown) + sum(len(ln) + 1 for ln in lines[len(head):])
+    if rest <= 0:
+        return shown
+    more = len(lines) - len(head) + (text[cut:].count(" | ") if cut < len(text) else 0)
+    lines_note = f" ({more} more line{'s' if more != 1 else ''})" if more else ""
+    where = f"; the whole message: {whole}" if whole else ""
+    return f"{shown} ... [+{rest} characters{lines_note} not shown{where}]"
+
+
+def _message(bad) -> str:
+    """The whole message of a failed test: the exception pytest reports (its last block of
+    ``E`` lines), without pytest's prefixes, file locations or notes of its own."""
+    lines = (bad.text or "").splitlines()
+    ends = [i for i, ln in enumerate(lines) if re.match(r"E( |$)", ln)]
+    if ends:
+        last = ends[-1]
+        first = last
+        while first > 0 and re.match(r"E( |$)", lines[first - 1]):
+            first -= 1
+        filled = next((ln for ln in lines[first:last + 1] if ln.strip() != "E"), "E")
+        prefix = re.match(r"E *", filled).group(0)
+        block = [ln[len(prefix):] if ln.startswith(prefix) else ln[1:].strip()
+                 for ln in lines[first:last + 1]]
+    else:                                 # no report text: the attribute, less pytest's note
+        attr = bad.get("message", "") or ""
+        block = re.sub(r"(\.\.\.)?\n\[(\+\d+ more lines?|truncated); full report in element "
+                       r"text\]$", "", attr).splitlines()
+    block = [ln.rstrip() for ln in block
+             if not re.match(r"\s*(Use -v to get (more|the full) diff|\.\.\.Full output "
+                             r"truncated)", ln)]
+    text = "\n".join(block).strip("\n")
+    text = _drop_module_path(text)
+    if len(text) > MESSAGE_CHARS:
+        cut = text.rfind("\n", 0, MESSAGE_CHARS)
+        cut = cut if cut > MESSAGE_CHARS // 2 else MESSAGE_CHARS
+        text = f"{text[:cut]}\n[+{len(text) - cut} more characters of this message not kept]"
+    return text
 
 
 def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 300) -> Result:
@@ -81,7 +177,7 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
         xml = Path(tmp) / "report.xml"
         env = dict(os.environ, LECTURE_EXERCISE_PATH=str(Path(student_file).resolve()),
                    OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", *NO_PLUGINS,
+        cmd = [sys.executable, "-m", "pytest", "-q", *NO_PLUGINS, *FULL_ASSERTIONS,
                "-p", "lecture_lib.grading.plugin", f"--junitxml={xml}", f"--rootdir={ROOT}",
                *map(str, files)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -116,15 +212,12 @@ def _from_junit(ex: str, student_file: Path, xml: Path, points: int) -> Result:
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         ok = bad is None and case.find("skipped") is None
         passed += ok
-        message = "" if bad is None else _first_line(bad.get("message", "") + "\n"
-                                                     + (bad.text or ""))
+        message = "" if bad is None else _message(bad)
         if case.find("skipped") is not None:
             message = "skipped"
-        detail = "" if bad is None else (bad.get("message", "") or "")[:2000]
-        cases.append({"name": case.get("name"), "passed": ok, "message": message,
-                      "detail": detail})
+        cases.append({"name": case.get("name"), "passed": ok, "message": message})
         if bad is not None and not first:
-            first = f"{case.get('name')}: {message}"
+            first = f"{case.get('name')}: {one_line(message)}"
     if total == 0:
         # collection failed: pytest reports it as an error testcase or none at all
         first = first or "no test ran (the file failed to import?)"
@@ -132,16 +225,39 @@ def _from_junit(ex: str, student_file: Path, xml: Path, points: int) -> Result:
     return Result(ex, str(student_file), passed, total, score, points, first, cases)
 
 
-def grade(path: str | Path, extra: str | Path | None = None, timeout: float = 300) -> list[Result]:
-    """Grade a folder of ``exNN_*.py`` files, or one such file."""
+def submitted_files(path: str | Path) -> list[Path]:
+    """The exercise files to grade in ``path``: the file itself, or a folder's ``exNN_*.py``
+    (or, when it has none, its ``exercises/`` folder's: a submission of the whole pack), one
+    file per exercise, so that no exercise can be scored twice. Where a folder holds several
+    files of one exercise, the one named as the pack's stub is graded (else the first by
+    name), and the others are named on stderr."""
     path = Path(path)
     if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(p for p in path.glob("ex*.py") if exercise_id(p))
-    else:
+        if exercise_id(path) is None:
+            raise ValueError(f"{path}: expected exercise files named exNN_topic.py")
+        return [path]
+    if not path.is_dir():
         raise FileNotFoundError(f"no such file or folder: {path}")
-    if not files or any(exercise_id(f) is None for f in files):
+    files = sorted(p for p in path.glob("ex*.py") if p.is_file() and exercise_id(p))
+    if not files and (path / "exercises").is_dir():
+        files = sorted(p for p in (path / "exercises").glob("ex*.py")
+                       if p.is_file() and exercise_id(p))
+    if not files:
         raise ValueError(f"{path}: expected exercise files named exNN_topic.py")
+    chosen = []
+    for ex, group in itertools.groupby(files, key=exercise_id):
+        group = list(group)
+        stub = [p for p in group if (EXERCISES / p.name).is_file()]
+        pick = (stub or group)[0]
+        if len(group) > 1:
+            print(f"{ex}: grading {pick.name} only, of {', '.join(p.name for p in group)}",
+                  file=sys.stderr)
+        chosen.append(pick)
+    return chosen
+
+
+def grade(path: str | Path, extra: str | Path | None = None, timeout: float = 300) -> list[Result]:
+    """Grade a folder of ``exNN_*.py`` files, or one such file (see :func:`submitted_files`)."""
+    files = submitted_files(path)
     extra = Path(extra) if extra else None
     return [grade_file(f, extra, timeout) for f in files]
