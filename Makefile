@@ -1,10 +1,17 @@
-# The two commands of the course (see README.md):
-#   make course   set everything up and open the course in JupyterLab
-#   make test     set everything up and run the whole test suite (what CI runs)
-# and the headless variant of the first:
-#   make render   execute every notebook and write it, with its plots, to build/notebooks/
-# and the check of the first in a real browser (needs Chromium; see README, not in `make test`):
-#   make test-browser
+# The two commands of the course (see README.md, "The two commands"):
+#   make course        set everything up (.venv) and open the course in JupyterLab
+#   make test          set everything up and run every test (what CI runs)
+# and
+#   make render        the headless variant of `make course`: every notebook executed and written,
+#                      with its plots, to build/notebooks/ (one: NOTEBOOKS=notebooks/00_welcome.ipynb)
+#   make help          this list
+# In the instructor's checkout (the folder with solutions/) only:
+#   make test          = ruff, the tests only the checkout can run (INSTRUCTOR_TESTS), then
+#                        `make release-test`
+#   make release-test  write the student release into build/release and run its own `make test`
+#                      there, with this .venv (nothing reinstalled) and the release's lecture_lib
+#   make test-browser  the course in a real browser (needs Chromium; see README; not in `make test`)
+#   make exercises     regenerate exercises/ from solutions/
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,10 +19,24 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 JOBS   ?= 2
-# make render: seconds one notebook may run before it is reported as too slow
+# make render: seconds one notebook may run before it is reported as too slow; which notebooks
 NOTEBOOK_TIMEOUT ?= 600
+NOTEBOOKS ?= notebooks/*.ipynb
+# What course, render and test set up first; empty: use $(VENV) as it is (release-test does so).
+SETUP  ?= setup
+RELEASE_DIR ?= build/release
+# The tests only the instructor's checkout can run: the exercises' tests against solutions/ (the
+# release runs them against the stubs), and the tests the release leaves out (SKIP_TESTS in
+# lecture_lib/grading/release.py; tests/test_release.py checks that the two lists agree).
+INSTRUCTOR_TESTS := tests/exercises \
+	$(wildcard tests/test_grading*.py tests/test_gradescope.py tests/test_release.py)
+# In a release, an exercise's tests are skipped (saying so) while its file is the unwritten stub.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p lecture_lib.grading.release
 
-.PHONY: setup course render test test-browser clean-notebooks exercises
+.PHONY: help setup course render test release-test test-browser clean-notebooks exercises
+
+help:
+	@sed -n '1,/^$$/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 setup: $(VENV)/.installed
 
@@ -27,25 +48,39 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # JupyterLab on notebooks/ (a free port, a token); prints the URL to open.
-course: setup
+course: $(SETUP)
 	$(PY) tools/course.py notebooks
 
 # Each notebook with a time limit; the slowest cells of each are named; widgets are stored.
-render: setup
+render: $(SETUP)
 	$(PY) tools/render_notebooks.py --output-dir build/notebooks \
-		--notebook-timeout $(NOTEBOOK_TIMEOUT) notebooks/*.ipynb
+		--notebook-timeout $(NOTEBOOK_TIMEOUT) $(NOTEBOOKS)
 
-# The linter (rules in pyproject.toml); library and exercise tests in parallel; then the notebooks one at a time, so that what they
-# measure (and assert) is not disturbed by another job on the same cores.
-test: setup
-	$(VENV)/bin/ruff check lecture_lib tests solutions exercises examples tools
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) --durations=10 --ignore=tests/browser tests
-	@# a CPU with native bf16 (AVX512-BF16, AMX) runs other oneDNN kernels: the 16-bit tests again on the older ones
-	@if grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then \
-		echo "16-bit tests again with ONEDNN_MAX_CPU_ISA=AVX2 (this CPU has native bf16)"; \
-		ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -q -m sixteen_bit --ignore=tests/browser tests; \
-	else echo "16-bit tests ran on the AVX2 kernels only: this CPU has no native bf16 (no avx512_bf16/amx_bf16)"; fi
-	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
+# pytest -n JOBS on $(1); on a CPU with native bf16 (AVX512-BF16, AMX), which runs other oneDNN
+# kernels, the 16-bit tests among them again on the older ones.
+define run_tests
+$(PYTEST) -n $(JOBS) --durations=10 $(1)
+@if grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then \
+	echo "16-bit tests again with ONEDNN_MAX_CPU_ISA=AVX2 (this CPU has native bf16)"; \
+	ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) -n $(JOBS) -q -m sixteen_bit $(1); \
+else echo "16-bit tests ran on the AVX2 kernels only: this CPU has no native bf16 (no avx512_bf16/amx_bf16)"; fi
+endef
+
+ifneq ($(wildcard solutions/.),)
+# The instructor's checkout: the linter (rules in pyproject.toml) on everything; the tests that
+# need solutions/; then the release, tested as students run it. The library's tests and the
+# notebooks run once, in the release.
+test: $(SETUP)
+	$(VENV)/bin/ruff check $(wildcard lecture_lib tests solutions exercises examples tools)
+	$(call run_tests,$(INSTRUCTOR_TESTS))
+	@$(MAKE) --no-print-directory release-test
+
+# The release written afresh, then its own `make test` in it: this .venv (SETUP= installs
+# nothing), the release's lecture_lib (its Makefile sets PYTHONPATH to the release).
+release-test:
+	rm -rf $(RELEASE_DIR)
+	$(PY) -m lecture_lib.release $(RELEASE_DIR)
+	cd $(RELEASE_DIR) && $(MAKE) --no-print-directory test VENV=$(abspath $(VENV)) SETUP=
 
 # JupyterLab in headless Chromium (Debian's `chromium` package; Playwright from pip): notebooks
 # 00 and 03 run from the UI; screenshots in build/browser/. Skips, saying so, without Chromium.
@@ -56,8 +91,26 @@ $(VENV)/.browser: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[dev,browser]"
 	touch $@
 
-exercises: setup
+exercises: $(SETUP)
 	$(PY) -m lecture_lib.exercises
+else
+# A student's copy (no solutions/). Every command here, and every process it starts (ranks, the
+# grader's sandbox, notebook kernels, torchrun's workers), imports this folder's lecture_lib,
+# whatever the venv's install points at: release-test runs the release with the checkout's .venv,
+# whose editable install points at the checkout (`make test` checks it first).
+export PYTHONPATH := $(CURDIR)
 
-clean-notebooks: setup
+# The linter; the library's and the exercises' tests in parallel; then the notebooks one at a
+# time, so that what they measure (and assert) is not disturbed by another job on the same cores.
+test: $(SETUP)
+	@$(PY) -c 'import lecture_lib, pathlib, sys; here = pathlib.Path(lecture_lib.__file__).parents[1]; sys.exit(None if here.samefile(".") else f"lecture_lib is imported from {here}, not from this folder")'
+	$(VENV)/bin/ruff check $(wildcard lecture_lib tests exercises examples tools)
+	$(call run_tests,tests)
+	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
+
+release-test test-browser exercises:
+	@echo "make $@: only in the instructor's checkout (the folder with solutions/)"; exit 1
+endif
+
+clean-notebooks: $(SETUP)
 	$(VENV)/bin/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
