@@ -12,6 +12,7 @@
 #                      there, with this .venv (nothing reinstalled) and the release's lecture_lib
 #   make test-browser  the course in a real browser (needs Chromium; see README; not in `make test`)
 #   make exercises     regenerate exercises/ from solutions/
+#   make test-extended every exercise's wrong-but-plausible submissions graded (minutes)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -33,7 +34,7 @@ INSTRUCTOR_TESTS := tests/exercises \
 # In a release, an exercise's tests are skipped (saying so) while its file is the unwritten stub.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p lecture_lib.grading.release
 
-.PHONY: help setup course render test release-test test-browser clean-notebooks exercises
+.PHONY: help setup course render test test-extended release-test test-browser clean-notebooks exercises
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
@@ -62,7 +63,7 @@ define run_tests
 $(PYTEST) -n $(JOBS) --durations=10 $(1)
 @if grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then \
 	echo "16-bit tests again with ONEDNN_MAX_CPU_ISA=AVX2 (this CPU has native bf16)"; \
-	ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) -n $(JOBS) -q -m sixteen_bit $(1); \
+	ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) -n $(JOBS) -q $(1) -m sixteen_bit; \
 else echo "16-bit tests ran on the AVX2 kernels only: this CPU has no native bf16 (no avx512_bf16/amx_bf16)"; fi
 endef
 
@@ -72,8 +73,13 @@ ifneq ($(wildcard solutions/.),)
 # notebooks run once, in the release.
 test: $(SETUP)
 	$(VENV)/bin/ruff check $(wildcard lecture_lib tests solutions exercises examples tools)
-	$(call run_tests,$(INSTRUCTOR_TESTS))
+	$(call run_tests,-m "not extended" $(INSTRUCTOR_TESTS))
 	@$(MAKE) --no-print-directory release-test
+
+# The wrong-but-plausible submissions of every exercise, graded by the real command (about 7
+# minutes on 2 cores, so not in `make test`; the refusal itself is tested there).
+test-extended: $(SETUP)
+	$(PYTEST) -n $(JOBS) -v -m extended tests/test_grading_answers.py
 
 # The release written afresh, then its own `make test` in it: this .venv (SETUP= installs
 # nothing), the release's lecture_lib (its Makefile sets PYTHONPATH to the release).
@@ -108,7 +114,7 @@ test: $(SETUP)
 	$(call run_tests,tests)
 	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest --nbval-lax --durations=10 notebooks
 
-release-test test-browser exercises:
+release-test test-extended test-browser exercises:
 	@echo "make $@: only in the instructor's checkout (the folder with solutions/)"; exit 1
 endif
 

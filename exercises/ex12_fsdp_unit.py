@@ -11,20 +11,24 @@ parameter is flattened, zero-padded to ``world_size x chunk`` elements
 ``torch.optim.SGD(model.parameters())`` trains the sharded model.
 
 The hooks that move weights are wired for you (``__init__``,
-``_after_forward``, ``_before_backward``, ``_grad_ready``). Write the three
-moves they call, with ``lecture_lib.comm``'s ``all_gather_into`` and
-``reduce_scatter_into`` (so that the bytes can be counted):
+``_after_forward``, ``_before_backward``, ``_grad_ready``); ``self.shards[i]``,
+``self.shapes[i]``, ``self.chunks[i]`` and ``self.full[i]`` are parameter i's
+shard, full shape, chunk size (elements) and full-weight tensor, which the tests
+read. Write the three moves they call, with ``lecture_lib.comm``'s
+``all_gather_into`` and ``reduce_scatter_into`` (so that the bytes can be
+counted; their ``phase=`` is only a label for the recorder):
 
 * ``gather()``: cast every shard to ``self.compute_dtype`` *before* the
-  all-gather (16-bit weights: half the bytes on the wire), one all-gather for
-  the whole unit (concatenate the shards), then cut each parameter's full
+  all-gather (16-bit weights: half the bytes on the wire), ONE all-gather for
+  the whole unit (concatenate the shards; the tests count the all-gathers: one
+  per unit in forward, one in backward), then cut each parameter's full
   weight out of the result (rank r's piece of parameter i sits in row r),
   drop the padding, reshape it, put it in ``self.full[i].data`` and call
   ``self._show()`` so the module computes with it.
 * ``free()``: drop the full weights (``self.full[i].data`` becomes an empty
   tensor of the compute dtype) and call ``self._hide()``.
 * ``reduce_scatter_grads()``: once every ``self.full[i].grad`` is in (compute
-  dtype, full shape), one reduce-scatter (in the compute dtype) of the padded
+  dtype, full shape), ONE reduce-scatter (in the compute dtype) of the padded
   gradients, laid out so that rank r receives its chunk of every parameter;
   cast the result to the shards' dtype, divide by the world size (the
   gradient of the mean over ranks), add it to ``self.shards[i].grad`` (or set

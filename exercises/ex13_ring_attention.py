@@ -25,10 +25,14 @@ combined *exactly*, and that is what the online softmax does.
    ``None`` (nothing merged yet) or the ``(o, lse)`` so far. The held block goes
    to the next rank (``rank + 1``, modulo the world size) and the previous rank's
    block arrives. The point of the ring is that this exchange runs *while* you
-   attend ``q`` to the held block (``block_attention``) and merge the result into
-   ``state``: start it before the compute, without blocking, and make sure it has
-   finished before you hand the received block back. Return
-   ``(new_state, received_kv)``. Use ranks of the default group.
+   attend ``q`` to the held block and merge the result into ``state``, so, in
+   this order: post the exchange without blocking (``dist.isend`` and
+   ``dist.irecv``, or one ``dist.batch_isend_irecv``), then compute with
+   ``block_attention`` (call it: the tests watch for it) and ``merge``, then wait
+   for the exchange before you hand the received block back. The tests check
+   that order (an exchange posted after the compute, or waited for before it,
+   does not overlap anything). Return ``(new_state, received_kv)``. Use ranks of
+   the default group.
 
 ``ring_attention`` below runs ``world_size`` steps with your two functions (no
 causal mask) and returns the attention output of this rank's queries.

@@ -68,6 +68,9 @@ def resolve(group):
 
 @dataclass
 class CommRecord:
+    """One recorded call: its kind, the caller's ``phase`` label, the buffer's bytes (the
+    full, unsharded buffer: for a reduce-scatter its input, for an all-gather its output), the
+    number of ranks in the group, and the wall-clock seconds it took."""
     kind: str            # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", ...
     phase: str           # whatever the caller names it: "forward", "backward", "grads", ...
     nbytes: int          # costmodel.comm's convention: the full (unsharded) buffer
@@ -81,13 +84,17 @@ class CommLog:
     records: list[CommRecord] = field(default_factory=list)
 
     def select(self, phase=None, kind=None) -> list[CommRecord]:
+        """The records of this ``phase`` label and ``kind`` (None: any)."""
         return [r for r in self.records if (phase is None or r.phase == phase)
                 and (kind is None or r.kind == kind)]
 
     def calls(self, phase=None, kind=None) -> int:
+        """How many calls (of this phase and kind; None: any)."""
         return len(self.select(phase, kind))
 
     def buffer_bytes(self, phase=None, kind=None) -> int:
+        """Bytes of the buffers those calls worked on (each the full buffer; see
+        :class:`CommRecord`)."""
         return sum(r.nbytes for r in self.select(phase, kind))
 
     def sent_bytes(self, phase=None, kind=None) -> float:
@@ -96,6 +103,7 @@ class CommLog:
                    for r in self.select(phase, kind))
 
     def seconds(self, phase=None, kind=None) -> float:
+        """Wall-clock seconds those calls took on this rank."""
         return sum(r.seconds for r in self.select(phase, kind))
 
     def summary(self) -> dict:
@@ -188,7 +196,14 @@ def all_reduce_flat(tensors, group=None, *, average: bool = False, phase: str = 
 
 def all_gather_into(out: torch.Tensor, mine: torch.Tensor, group=None, phase: str = "",
                     async_op: bool = False):
-    """``out`` (size x mine.numel()) gets every rank's ``mine``, in rank order."""
+    """``out`` (``size * mine.numel()`` elements, 1-D) gets every rank's ``mine``, in rank
+    order: rank r's elements at ``out[r * mine.numel():(r + 1) * mine.numel()]``. Same dtype on
+    both; ``mine`` has the same number of elements on every rank.
+
+    ``phase`` is only a label: a recorder (:func:`record_comm`) files the call under it
+    (:attr:`CommRecord.phase`, e.g. ``"gather"``); it changes nothing that is sent. Recorded as
+    kind ``"all_gather"`` with ``out``'s bytes. ``async_op=True`` returns the request to
+    ``wait()`` on (else None, and ``out`` is filled on return)."""
     group, _, size = resolve(group)
     with collective("all_gather", out.numel() * out.element_size(), size, phase, out.device):
         return all_gather_single(out, mine, group=group, async_op=async_op)
@@ -196,7 +211,15 @@ def all_gather_into(out: torch.Tensor, mine: torch.Tensor, group=None, phase: st
 
 def reduce_scatter_into(out: torch.Tensor, full: torch.Tensor, group=None, phase: str = "",
                         op=dist.ReduceOp.SUM, async_op: bool = False):
-    """``out`` gets this rank's chunk of the sum over ranks of ``full``."""
+    """``out`` (``full.numel() / size`` elements) gets this rank's chunk of the element-wise
+    sum over ranks of ``full``: rank r gets elements ``[r * out.numel(), (r + 1) *
+    out.numel())`` of the sum (``op``: SUM by default). ``full.numel()`` must be a multiple of
+    the group size; same dtype on both.
+
+    ``phase`` is only a label: a recorder (:func:`record_comm`) files the call under it
+    (:attr:`CommRecord.phase`, e.g. ``"grads"``); it changes nothing that is sent. Recorded as
+    kind ``"reduce_scatter"`` with ``full``'s bytes. ``async_op=True`` returns the request to
+    ``wait()`` on."""
     group, _, size = resolve(group)
     with collective("reduce_scatter", full.numel() * full.element_size(), size, phase,
                     full.device):

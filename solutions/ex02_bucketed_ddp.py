@@ -8,8 +8,10 @@ Stanford CS336 assignment 2 (and, in spirit, of torch's DistributedDataParallel)
   buckets, walking them in *reverse* order (backward produces the last layer's
   gradients first) and starting a new bucket when the next parameter would push
   the bucket past ``bucket_size_mb`` MB (``2**20`` bytes; a parameter larger than
-  that gets a bucket of its own); register a post-accumulate-grad hook on every
-  such parameter (``p.register_post_accumulate_grad_hook``).
+  that gets a bucket of its own), and keep them as ``self.buckets``, a list of
+  buckets, each a list of parameters (the tests read how many there are);
+  register a post-accumulate-grad hook on every such parameter
+  (``p.register_post_accumulate_grad_hook``).
 * during backward (the hook): count the bucket's ready gradients; when the bucket
   is full, flatten its gradients into one buffer, divide by the world size and
   launch ``dist.all_reduce(buffer, async_op=True)`` at once, so the

@@ -10,7 +10,11 @@ share of the parameters:
   ``optimizer_cls(owned, **kwargs)`` sees only this rank's parameters, so
   only they get Adam moments;
 * ``step()`` steps the owned parameters, then every parameter is broadcast
-  from its owner, so each rank ends with all updated parameters;
+  from its owner (``dist.broadcast(p.data, src=owner)``), so each rank ends with
+  all updated parameters. The tests count the bytes each rank broadcasts in
+  ``step()`` (those of the parameters it owns) and look at every optimizer made
+  during training: none may keep state for a parameter its rank does not own
+  (a rank that updates every parameter itself is plain data parallelism);
 * ``add_param_group`` works during training too (new parameters continue the
   round-robin; give the wrapped optimizer the owned ones, with the group's
   hyper-parameters).

@@ -12,8 +12,12 @@ A linear layer computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
   partial results), the identity backward. The bias is added once, after g.
 
 Build each layer from a full ``nn.Linear`` (its shard as new ``nn.Parameter`` tensors on this
-rank), and f and g as ``torch.autograd.Function`` classes, ``forward(ctx, x)`` and
-``backward(ctx, grad)``, on the default process group.
+rank, ``self.weight`` and ``self.bias``: the tests read their gradients), and f and g as
+``torch.autograd.Function`` classes, ``forward(ctx, x)`` and ``backward(ctx, grad)``, on the
+default process group. f and g must leave alone the tensors autograd hands them (``x`` in
+forward, ``grad`` in backward): autograd may still need them. The tests use f and g on their
+own too, with a nonlinearity on both sides of g (``tanh(g(tanh(a)))``) and a reduction after f
+(``f(b).sum()``, whose gradient autograd hands f as an expanded, read-only view).
 
 Hints (the idea, not the code):
 

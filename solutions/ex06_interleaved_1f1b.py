@@ -22,10 +22,19 @@ multiple of ``num_stages`` (the schedule works on micro-batches in groups of p).
 Your lists are checked, rank by rank, by :func:`lecture_lib.pipeline.validate`
 (every action exactly once, messages matched in order, no deadlock) and by
 :func:`lecture_lib.pipeline.simulate` with equal stage costs: the bubble must be
-the formula above, and no rank may hold the activations of all ``m``
-micro-batches at once (holding them all is GPipe, whose memory 1F1B exists to
-avoid). Build a schedule with ``lecture_lib.pipeline.Schedule("mine", p, m, v,
-tuple(map(tuple, actions)))`` to run these checks yourself, and draw it with
+the formula above, and no rank may hold more activations than 1F1B's rule
+allows. That rule: after its warm-up of ``w_r`` forwards, a rank alternates one
+forward, one backward, so it never holds more than ``w_r + 1`` chunks'
+activations, and ``w_r = 2 (p - r - 1) + (v - 1) p`` is the fewest forwards that
+keep rank ``r`` busy until its first backward can start (see the hint). In the
+simulator's unit (``Simulation.peak_activations[r]``, micro-batches, a chunk
+counting 1/v of one) rank ``r`` may hold at most ``min(m, (w_r + 1) / v)``. For
+``m >= 2p`` that is fewer than ``m``: holding all ``m`` is GPipe, whose memory
+1F1B exists to avoid. For ``m = p`` the first ranks' warm-up covers every
+forward, so they do hold all ``m`` (what Megatron-LM's schedule does too), and
+only the later ranks hold fewer. Build a schedule with
+``lecture_lib.pipeline.Schedule("mine", p, m, v, tuple(map(tuple, actions)))``
+to run these checks yourself, and draw it with
 ``lecture_lib.plots.plot_timeline(ax, simulate(schedule, 1, 2).timeline,
 labels=True)``.
 
@@ -36,8 +45,8 @@ of ``p`` micro-batches through one chunk before moving that group to the next
 chunk (the next rank is working on the same group one step behind); the
 backwards visit the chunks in the opposite order. The last rank can start its
 first backward only once micro-batch 0 has passed all ``v`` of its chunks:
-count how many forwards every rank must have done by then, and what that means
-for its warm-up.
+count how many forwards every rank must have done by then, and check that it
+is the ``w_r`` above (a rank does two more for each stage after it: why?).
 """
 from lecture_lib.pipeline import Action
 

@@ -24,7 +24,11 @@ Rules and hints:
 * Move the tokens with ``lecture_lib.expert_parallel.all_to_all(x, send_splits,
   recv_splits, group)``: ``all_to_all_single`` on dim 0 with split sizes,
   written as an autograd Function so the gradient travels back through it
-  (the tests backpropagate through your code).
+  (the tests backpropagate through your code). Each token travels once, to its
+  expert's rank and back: the tests count the bytes of tokens each rank
+  receives in dispatch (the rows of its experts) and in combine (its own rows),
+  and that they come by all-to-all (an all-gather would send every token to
+  every rank: p times the bytes).
 * Order the rows you send by expert (a stable sort keeps the tokens of one
   expert in their original order): then the rows for each destination rank are
   contiguous, in expert order, and the block received from each rank is ordered

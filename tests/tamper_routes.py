@@ -133,3 +133,442 @@ ROUTES = {
     "fork_survivor": FORK_SURVIVOR,
     "flood_stdout": FLOOD_STDOUT,
 }
+
+
+# ----------------------------------------------------------------------------
+# Wrong-but-plausible submissions: they compute, but not what the exercise asks
+# ----------------------------------------------------------------------------
+# Each is the text of a whole exercise file; tests/test_grading_answers.py grades them with
+# the real command and checks that each scores less than full marks, with a first failure that
+# names what is missing. The first group calls the library's answer (now refused); the second
+# gets the numbers right and misses the exercise's point (now tested).
+
+LIBRARY_ANSWER = {
+    # the four-line answer of the issue: the library's own schedule, plus the ValueError check
+    "ex06_interleaved_1f1b.py": '''
+from lecture_lib.pipeline import make_schedule
+
+def interleaved_1f1b(num_stages, num_microbatches, chunks):
+    if chunks < 2 or num_microbatches % num_stages:
+        raise ValueError("cannot interleave")
+    return [list(a) for a in make_schedule("interleaved-1f1b", num_stages, num_microbatches,
+                                           chunks).actions]
+''',
+    # the forbidden collective below the Python-level guard: the process group's own method
+    "ex00_ring_sum.py": '''
+import torch.distributed as dist
+
+def ring_sum(tensor):
+    out = tensor.clone()
+    dist.distributed_c10d._get_default_group().allreduce([out]).wait()
+    return out
+''',
+    # the library's ring, by alias and through its private phases
+    "ex01_ring_allreduce.py": '''
+import torch.distributed as dist
+from lecture_lib import collectives
+
+def reduce_scatter_(chunks):
+    p = dist.get_world_size()
+    collectives._reduce_scatter_chunks(chunks, dist.get_rank(), p, list(range(p)), None)
+
+def all_gather_(chunks):
+    p = dist.get_world_size()
+    collectives._all_gather_chunks(chunks, dist.get_rank(), p, list(range(p)), None)
+
+def ring_all_reduce(tensor):
+    return getattr(collectives, "ring_all_reduce")(tensor.detach().clone())
+''',
+    # the library's bucketed DDP, subclassed
+    "ex02_bucketed_ddp.py": '''
+from lecture_lib.data_parallel import DDPBucketed
+
+class BucketedDDP(DDPBucketed):
+    def __init__(self, module, bucket_size_mb):
+        if not bucket_size_mb > 0:
+            raise ValueError("bucket_size_mb must be > 0")
+        super().__init__(module, bucket_size_mb)
+''',
+    # the library's ZeRO optimizer, subclassed
+    "ex03_zero1_optimizer.py": '''
+from lecture_lib.zero import ShardedOptimizer as _ZeRO
+
+class ShardedOptimizer(_ZeRO):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+''',
+    # the library's f, g and layers behind the exercise's names
+    "ex05_tensor_parallel.py": '''
+import torch.distributed as dist
+import torch.nn as nn
+from lecture_lib import tensor_parallel as tp
+
+class CopyToTensorParallel:
+    apply = staticmethod(tp.copy_to_tensor_parallel)
+
+class ReduceFromTensorParallel:
+    apply = staticmethod(tp.reduce_from_tensor_parallel)
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full):
+        super().__init__()
+        if full.out_features % dist.get_world_size():
+            raise ValueError("out_features is not divisible by the ranks")
+        self.inner = tp.ColumnParallelLinear.from_linear(full)
+        self.weight, self.bias = self.inner.weight, self.inner.bias
+
+    def forward(self, x):
+        return self.inner(x)
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full):
+        super().__init__()
+        if full.in_features % dist.get_world_size():
+            raise ValueError("in_features is not divisible by the ranks")
+        self.inner = tp.RowParallelLinear.from_linear(full)
+        self.weight, self.bias = self.inner.weight, self.inner.bias
+
+    def forward(self, x):
+        return self.inner(x)
+''',
+    # the library's count exchange (one all-gather of the count table)
+    "ex08_moe_dispatch.py": '''
+from dataclasses import dataclass
+from types import SimpleNamespace
+import torch
+import torch.distributed as dist
+from lecture_lib.expert_parallel import all_to_all, exchange_counts
+
+@dataclass
+class Plan:
+    order: torch.Tensor
+    send_splits: list
+    recv_splits: list
+
+def dispatch(x, expert_index, num_experts, group=None):
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    local = num_experts // p
+    counts = torch.bincount(expert_index, minlength=num_experts).view(1, -1)
+    table, _ = exchange_counts(SimpleNamespace(counts=counts,
+                                               probs=torch.zeros(len(x), num_experts)), group)
+    recv = table[:, 0, rank * local:(rank + 1) * local]
+    send_splits, recv_splits = counts.view(p, local).sum(1).tolist(), recv.sum(1).tolist()
+    order = expert_index.argsort(stable=True)
+    received = all_to_all(x[order], send_splits, recv_splits, group)
+    experts = torch.arange(rank * local, (rank + 1) * local).repeat(p)
+    return received, experts.repeat_interleave(recv.flatten()), Plan(order, send_splits,
+                                                                      recv_splits)
+
+def combine(processed, plan, group=None):
+    back = all_to_all(processed, plan.recv_splits, plan.send_splits, group)
+    return back[plan.order.argsort()]
+''',
+    # the library's memory model
+    "ex04_memory_per_device.py": '''
+from lecture_lib import costmodel
+
+def memory_per_device(num_params, layers, hidden, heads, seq_len, micro_batch, dp=1, tp=1,
+                      pp=1, zero_stage=0, recompute="none"):
+    shape = costmodel.TransformerShape("mine", layers, hidden, heads, 50257, seq_len, num_params)
+    return costmodel.memory_per_device(shape, dp=dp, tp=tp, pp=pp, zero_stage=zero_stage,
+                                       micro_batch=micro_batch, recompute=recompute)
+''',
+    # the library's exchange, under the exercise's own name
+    "ex07_pipeline_exchange.py": '''
+from lecture_lib.pipeline.execute import exchange
+''',
+    # the library's grid arithmetic and groups
+    "ex09_rank_grid.py": '''
+import torch.distributed as dist
+from lecture_lib.mesh import grid_coordinates as coordinates, grid_groups
+
+def build_groups(dims):
+    mine = {}
+    for name in dims:
+        for ranks in grid_groups(dims, name):
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                mine[name] = group
+    return mine
+''',
+    # the library's consistency check
+    "ex10_gradient_consistency.py": '''
+from lecture_lib.debugging import check_gradient_consistency
+
+def first_inconsistent(model, atol=1e-6):
+    found = check_gradient_consistency(model, rtol=0.0, atol=atol)
+    if found is None:
+        return None
+    kind = "grad" if found.kind == "missing grad" else found.kind
+    return found.name, kind, found.max_abs_diff
+''',
+    # the library's gradient sync
+    "ex11_fix_ddp_step.py": '''
+import torch.distributed as dist
+from lecture_lib.debugging import sync_gradients
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    sync_gradients(model)
+    optimizer.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+''',
+    # the library's merge and ring shift
+    "ex13_ring_attention.py": '''
+import math
+import torch
+import torch.distributed as dist
+from lecture_lib.context_parallel import merge, ring_shift
+
+def block_attention(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+def ring_step(q, kv, state):
+    wait = ring_shift(kv)
+    part = block_attention(q, kv[0], kv[1])
+    state = part if state is None else merge(*state, *part)
+    return state, wait()
+
+def ring_attention(q, k, v):
+    kv, state = torch.stack([k, v]), None
+    for _ in range(dist.get_world_size()):
+        state, kv = ring_step(q, kv, state)
+    return state[0]
+''',
+    # the library's two-stream step and its ring cost
+    "ex14_ddp_step_time.py": '''
+from lecture_lib import costmodel
+
+def ring_all_reduce_seconds(nbytes, world_size, alpha, beta):
+    if nbytes < 0 or world_size < 1 or alpha < 0 or not beta > 0:
+        raise ValueError("bad input")
+    link = costmodel.Link("mine", alpha, beta)
+    return costmodel.collective_time("all_reduce", nbytes, world_size, link)
+
+def bucketed_step_seconds(forward, backward_per_bucket, bucket_bytes, optimizer, world_size,
+                          alpha, beta):
+    if not backward_per_bucket or len(backward_per_bucket) != len(bucket_bytes):
+        raise ValueError("one backward time per bucket")
+    if min([forward, optimizer, *backward_per_bucket, *bucket_bytes]) < 0:
+        raise ValueError("negative")
+    ready, t = [], forward
+    for b in backward_per_bucket:
+        t += b
+        ready.append(t)
+    comm = [ring_all_reduce_seconds(n, world_size, alpha, beta) for n in bucket_bytes]
+    return costmodel.two_stream_step(ready, comm, ready[-1], optimizer)
+''',
+}
+
+MISSES_THE_POINT = {
+    # an off-by-one in the reduce-scatter; the all-gather is right
+    "ex01_ring_allreduce.py": '''
+import torch
+import torch.distributed as dist
+
+def _ring(chunks, send_of, recv_of, add):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    for step in range(p - 1):
+        send, recv = chunks[send_of(rank, step, p)], chunks[recv_of(rank, step, p)]
+        incoming = torch.empty_like(recv)
+        request = dist.isend(send, (rank + 1) % p) if send.numel() else None
+        if recv.numel():
+            dist.recv(incoming, (rank - 1) % p)
+        if request is not None:
+            request.wait()
+        if add:
+            recv += incoming
+        else:
+            recv.copy_(incoming)
+
+def reduce_scatter_(chunks):
+    _ring(chunks, lambda r, s, p: (r - s) % p, lambda r, s, p: (r - s - 1) % p, True)
+
+def all_gather_(chunks):
+    _ring(chunks, lambda r, s, p: (r - s) % p, lambda r, s, p: (r - s - 1) % p, False)
+
+def ring_all_reduce(tensor):
+    flat = tensor.detach().reshape(-1).clone()
+    chunks = list(torch.tensor_split(flat, dist.get_world_size()))
+    reduce_scatter_(chunks)
+    all_gather_(chunks)
+    return flat.view(tensor.shape)
+''',
+    # a full AdamW does all the work on every rank; a decoy makes opt.state look sharded, and
+    # step() communicates nothing
+    "ex03_zero1_optimizer.py": '''
+import torch
+import torch.distributed as dist
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.cls, self.kwargs, self.owner, self.full = optimizer_cls, kwargs, {}, None
+        super().__init__(params, kwargs)
+        self.state = self.decoy = {}
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        inner = {k: v for k, v in group.items() if k != "params"}
+        inner["params"] = list(group["params"])
+        if self.full is None:
+            self.full = self.cls([inner], **self.kwargs)
+        else:
+            self.full.add_param_group(inner)
+        for p in group["params"]:
+            self.owner[p] = len(self.owner) % self.world
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.full.step()
+        for p, owner in self.owner.items():
+            if owner == self.rank and p in self.full.state:
+                self.decoy[p] = self.full.state[p]
+''',
+    # f and g all-reduce the very tensors autograd hands them
+    "ex05_tensor_parallel.py": '''
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+class CopyToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        dist.all_reduce(grad)
+        return grad
+
+class ReduceFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full):
+        super().__init__()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if full.out_features % size:
+            raise ValueError(f"out_features={full.out_features} is not divisible by {size}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(size, 0)[rank].clone())
+        self.bias = nn.Parameter(full.bias.detach().chunk(size, 0)[rank].clone())
+
+    def forward(self, x):
+        return F.linear(CopyToTensorParallel.apply(x), self.weight, self.bias)
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full):
+        super().__init__()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if full.in_features % size:
+            raise ValueError(f"in_features={full.in_features} is not divisible by {size}")
+        self.weight = nn.Parameter(full.weight.detach().chunk(size, 1)[rank].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x):
+        return ReduceFromTensorParallel.apply(F.linear(x, self.weight)) + self.bias
+''',
+    # every token all-gathered to every rank (p times the bytes), then picked locally
+    "ex08_moe_dispatch.py": '''
+from dataclasses import dataclass
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dnn
+
+@dataclass
+class Plan:
+    order: torch.Tensor
+    send_splits: list
+    recv_splits: list
+
+def dispatch(x, expert_index, num_experts, group=None):
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    local = num_experts // p
+    xs = torch.cat(dnn.all_gather(x, group=group))
+    es = [torch.empty_like(expert_index) for _ in range(p)]
+    dist.all_gather(es, expert_index, group=group)
+    es = torch.cat(es)
+    order = es.argsort(stable=True)
+    mine = order[(es[order] >= rank * local) & (es[order] < (rank + 1) * local)]
+    return xs[mine], es[mine], Plan(mine, [len(x)] * p, [len(mine)])
+
+def combine(processed, plan, group=None):
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    n = plan.send_splits[0]
+    full = processed.new_zeros((n * p,) + tuple(processed.shape[1:]))
+    full = full.index_add(0, plan.order, processed)
+    full = torch.stack(dnn.all_gather(full, group=group)).sum(0)
+    return full[rank * n:(rank + 1) * n]
+''',
+    # the block computed first, the exchange after: right numbers, nothing overlapped
+    "ex13_ring_attention.py": '''
+import math
+import torch
+import torch.distributed as dist
+
+def block_attention(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+def merge(o_a, lse_a, o_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return (torch.exp(lse_a - lse).unsqueeze(-1) * o_a
+            + torch.exp(lse_b - lse).unsqueeze(-1) * o_b), lse
+
+def ring_step(q, kv, state):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    part = block_attention(q, kv[0], kv[1])
+    state = part if state is None else merge(*state, *part)
+    received = torch.empty_like(kv)
+    works = [dist.isend(kv.contiguous(), (rank + 1) % size),
+             dist.irecv(received, (rank - 1) % size)]
+    for w in works:
+        w.wait()
+    return state, received
+
+def ring_attention(q, k, v):
+    kv, state = torch.stack([k, v]), None
+    for _ in range(dist.get_world_size()):
+        state, kv = ring_step(q, kv, state)
+    return state[0]
+''',
+}
+
+# ex12's per-parameter gather: the worked solution with its one all-gather per unit replaced
+# by one all-gather per parameter (right weights, twice the all-gathers of a 2-parameter unit).
+_EX12_GATHER_PER_PARAMETER = '''\
+        for full, shard, shape in zip(self.full, self.shards, self.shapes):
+            mine = shard.detach().to(self.compute_dtype)
+            everyone = torch.empty(mine.numel() * self.world_size, dtype=mine.dtype)
+            all_gather_into(everyone, mine, self.group, phase="gather")
+            full.data = everyone[:shape.numel()].reshape(shape).clone()
+        self._show()
+'''
+
+
+def _ex12_per_parameter() -> str:
+    from lecture_lib.exercises import SOLUTIONS  # noqa: PLC0415
+    lines = (SOLUTIONS / "ex12_fsdp_unit.py").read_text().splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("def gather("))
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    return "".join(lines[:begin] + [_EX12_GATHER_PER_PARAMETER] + lines[end + 1:])
+
+
+MISSES_THE_POINT["ex12_fsdp_unit.py"] = _ex12_per_parameter()

@@ -84,7 +84,14 @@ def _run_step(step, cfg, steps: int, batch_size: int, lr: float) -> dict:
 def inspect_train_step(step, world_size: int = 2, *, steps: int = 1, batch_size: int = 8,
                        lr: float = 0.1, cfg: GPTConfig | None = None,
                        timeout: float = 120) -> StepReport:
-    """Run ``step`` on ``world_size`` ranks for ``steps`` steps; what the tools find."""
+    """Run ``step(model, optimizer, x, y) -> loss`` on ``world_size`` ranks for ``steps``
+    steps (SGD at ``lr``; the global batch of ``batch_size`` sequences split equally over the
+    ranks; the call ends after ``timeout`` seconds); what the tools find.
+
+    The :class:`StepReport` compares with one process training on the whole batch: the first
+    parameter whose replicas differ (``inconsistency``), each parameter's update as a ratio
+    to one process's (1.0 = equal), and the losses the ranks returned; ``findings`` lists, in
+    words, whatever differs by more than ``tolerance`` (empty: nothing found)."""
     if not callable(step):
         raise TypeError(f"step must be a function (model, optimizer, x, y) -> float, "
                         f"not {type(step).__name__}")

@@ -17,27 +17,39 @@ process (the one that decides pass or fail):
   batch many cheap calls into one round trip).
 
 Inside the child and its ranks, ``load_exercise`` returns the student's module
-itself, so a rank function written for the old harness runs unchanged. Each
-exercise has one child (restarted after a call breaks it), closed after its
+(seen through :class:`Submission`, which marks every call into it as the
+submission's), so a rank function written for the old harness runs unchanged.
+Each exercise has one child (restarted after a call breaks it), closed after its
 test module by the pytest plugin :mod:`.plugin`.
+
+Calling the library's answer earns nothing (DESIGN.md, principle 9): for each
+exercise :data:`.answers.ANSWERS` names what it asks for and the library's
+functions and classes that are it; in the child and on its ranks they refuse the
+submission (:func:`.refusal.refuse`), and the test fails with
+:class:`AnswerRefused`, whose message says which call and why.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import cloudpickle
 import torch
+import torch.distributed as dist
 
 from .. import launch
 from ..exercises import EXERCISES, ROOT, SOLUTIONS, exercise_id
+from . import refusal
+from .answers import ANSWERS, Answer, Submission
 from .safe_load import ForbiddenValue
 from .sandbox import LimitExceeded, Limits, Sandbox, SandboxDied, close_all
 
 __all__ = ["load_exercise", "Exercise", "Limits", "LimitExceeded", "SandboxDied",
-           "ForbiddenValue", "close_all", "assert_close_per_rank"]
+           "ForbiddenValue", "AnswerRefused", "ANSWERS", "Answer", "close_all",
+           "assert_close_per_rank", "record_dist"]
 
 #: Exception types a submission's exception comes back as (else SubmissionError).
 _TYPES = {c.__name__: c for c in (
@@ -45,6 +57,10 @@ _TYPES = {c.__name__: c for c in (
     ZeroDivisionError, ArithmeticError, AttributeError, AssertionError, RuntimeError,
     PermissionError, FileNotFoundError, OSError)}
 _OPEN: dict[tuple, "Exercise"] = {}
+
+
+class AnswerRefused(AssertionError):
+    """The submission called its exercise's answer in the library (the message says which)."""
 
 
 class SubmissionError(Exception):
@@ -73,7 +89,7 @@ def load_exercise(ex: str, **limits):
     In the sandboxed child and its ranks, the student's module itself.
     """
     if os.environ.get("LECTURE_SANDBOX_EXERCISE") == ex:
-        return _import(ex, Path(os.environ["LECTURE_SANDBOX_FILE"]))
+        return Submission(ex, _import(ex, Path(os.environ["LECTURE_SANDBOX_FILE"])))
     key = (ex, tuple(sorted(limits.items())))
     if key not in _OPEN:
         _OPEN[key] = Exercise(ex, student_file(ex), Limits(**limits))
@@ -85,6 +101,10 @@ def _import(ex: str, path: Path):
     name = f"exercise_{ex}"
     if name in sys.modules:
         return sys.modules[name]
+    answer = ANSWERS.get(ex)
+    if answer is not None:                  # before the submission's first line runs
+        refusal.refuse(ex, path, name, f"it is the library's answer to this exercise "
+                      f"({answer.what})", answer.calls, answer.send_recv_only)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -150,6 +170,9 @@ class Exercise:
                                      self.name)
         if limit:
             return LimitExceeded(limit)
+        refused = _refused(types, text, str(data.get("rank_traceback", "")), data.get("rank"))
+        if refused:
+            return AnswerRefused(refused)
         if "ForbiddenValue" in types[:1]:
             return ForbiddenValue(f"{self.name}: {text}")
         if "RankError" in types:
@@ -169,6 +192,17 @@ class Exercise:
         else:
             exc = cls(f"{text}\n{note}")
         return exc
+
+
+def _refused(types: list, text: str, rank_traceback: str, rank) -> str | None:
+    """The refusal's own line, where the submission called its exercise's answer."""
+    if "LibraryAnswerRefused" in types[:1]:
+        return text.strip().splitlines()[0] if text.strip() else "refused"
+    marker = "LibraryAnswerRefused: "
+    lines = [ln for ln in rank_traceback.splitlines() if marker in ln]
+    if "RankError" in types and lines:
+        return f"{lines[-1].split(marker, 1)[1].strip()} (rank {rank})"
+    return None
 
 
 class _Remote:
@@ -212,6 +246,84 @@ def _dumps(request) -> bytes:
             except ValueError:
                 pass
     return cloudpickle.dumps(request)
+
+
+# ----------------------------------------------------------------------------
+# A test's probe on a rank: what the process groups moved
+# ----------------------------------------------------------------------------
+
+#: The process group's methods that every ``torch.distributed`` call ends in, by kind.
+_PG_KINDS = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
+    "_allgather_base": "all_gather", "all_gather_single": "all_gather",
+    "allgather_coalesced": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all", "broadcast": "broadcast",
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter", "send": "send", "recv": "recv",
+    "recv_anysource": "recv", "barrier": "barrier"}
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class _WaitProbe:
+    """A request whose ``wait`` is recorded (everything else is the request's)."""
+
+    def __init__(self, work, events: list, kind: str):
+        self._work, self._events, self._kind = work, events, kind
+
+    def wait(self, *args, **kwargs):
+        self._events.append({"kind": "wait", "of": self._kind})
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextmanager
+def record_dist(waits: bool = False):
+    """On a rank (inside a test's rank function): every call this rank's process groups
+    run, in order, as dicts ``{"kind": "all_to_all", "bytes": buffer bytes (the first
+    argument: the output, or the message), "input": bytes of the second argument's tensors,
+    "dtypes": [...], "peer": group rank of a send/recv, "root": a broadcast's}``; with
+    ``waits``, also ``{"kind": "wait", "of": kind}`` when a request is waited on. Sees every
+    ``torch.distributed`` call however the submission imported it; restores the methods."""
+    events: list = []
+    group_class = dist.ProcessGroup
+    saved = {m: vars(group_class)[m] if m in vars(group_class) else getattr(group_class, m)
+             for m in _PG_KINDS if hasattr(group_class, m)}
+
+    def probe(method, kind, original):
+        def recording(self, *args, **kwargs):
+            first = _tensors(args[0]) if args else []
+            second = _tensors(args[1]) if len(args) > 1 else []
+            event = {"kind": kind, "method": method,
+                     "bytes": sum(t.numel() * t.element_size() for t in first),
+                     "input": sum(t.numel() * t.element_size() for t in second),
+                     "dtypes": sorted({str(t.dtype) for t in first + second})}
+            if kind in ("send", "recv") and len(args) > 1 and isinstance(args[1], int):
+                event["peer"] = args[1]
+            if len(args) > 1 and hasattr(args[1], "rootRank"):
+                event["root"] = args[1].rootRank
+            events.append(event)
+            work = original(self, *args, **kwargs)
+            return _WaitProbe(work, events, kind) if waits and work is not None else work
+        return recording
+
+    try:
+        for method, original in saved.items():
+            setattr(group_class, method, probe(method, _PG_KINDS[method], original))
+        yield events
+    finally:
+        for method, original in saved.items():
+            setattr(group_class, method, original)
 
 
 def assert_close_per_rank(got: list, expected, what: str = "the result", **tolerance) -> None:

@@ -28,11 +28,23 @@ from .validate import dependencies, topological_order
 
 @dataclass
 class Simulation:
+    """What :func:`simulate` found, for one schedule under given costs.
+
+    * ``timeline``: ``{rank: [(kind, start, end, label), ...]}``, times in the unit of the
+      costs (seconds when the costs are), ``label`` the action's ``str`` ('F3', 'B2.1');
+    * ``makespan``: first start to last end, same unit;
+    * ``bubble_fraction``: ``1 - busy / (p * makespan)``, the share of rank-time idle (0..1);
+    * ``peak_activations``: per rank, the most micro-batches whose activations it holds at
+      once (from a forward to the backward that frees them, B, or W when the backward is
+      split), in micro-batches: with ``v`` chunks per rank a chunk's forward counts ``1/v``,
+      so 1F1B's rank r holds ``min(m, p - r)`` and interleaved 1F1B's rank r holds
+      ``min(m, (w_r + 1) / v)`` after ``w_r`` warm-up forwards.
+    """
     schedule: Schedule
     timeline: dict          # rank -> [(kind, start, end, label), ...]
     makespan: float
     bubble_fraction: float
-    peak_activations: list  # per rank, in micro-batches
+    peak_activations: list  # per rank, in micro-batches (a chunk counts 1/v)
 
     @property
     def idle_fraction(self) -> list[float]:

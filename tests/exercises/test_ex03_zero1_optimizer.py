@@ -1,8 +1,12 @@
 """ex03: the ZeRO-1 sharded optimizer. Run against solutions/ by default;
-the grader points LECTURE_EXERCISE_PATH at a student's file."""
+the grader points LECTURE_EXERCISE_PATH at a student's file. Besides the parameters (equal
+to plain AdamW's) the tests check the point of ZeRO-1: each rank broadcasts, in ``step()``,
+the parameters it owns, and no optimizer on a rank keeps state for parameters it does not
+own."""
 import torch
 
 from lecture_lib.grading import load_exercise
+from lecture_lib.grading.harness import record_dist
 from lecture_lib.models import ToyMLP, regression_batch
 
 ex = load_exercise("ex03")
@@ -10,9 +14,10 @@ POINTS = 10
 SIZES = (8, 16, 16, 4)
 
 
-def _train(steps, make_optimizer):
+def _train(steps, make_optimizer, sent=None):
     """ToyMLP and one extra parameter (its own group from step 2 on), trained on the same
-    batches; the parameters after every step."""
+    batches; the parameters after every step. With a list as ``sent`` (on a rank), each
+    step's broadcasts in ``step()`` are appended to it: ``{source rank: bytes}``."""
     model, extra = ToyMLP(SIZES), torch.nn.Parameter(torch.ones(3))
     opt = make_optimizer(model.parameters())
     after = []
@@ -22,7 +27,16 @@ def _train(steps, make_optimizer):
         x, y = regression_batch(step, 16, SIZES)
         opt.zero_grad()
         (model(x, y) + (extra * extra).sum()).backward()
-        opt.step()
+        if sent is None:
+            opt.step()
+        else:
+            with record_dist() as events:
+                opt.step()
+            by_root = {}
+            for e in events:
+                key = e.get("root", e["kind"]) if e["kind"] == "broadcast" else e["kind"]
+                by_root[key] = by_root.get(key, 0) + e["bytes"]
+            sent.append(by_root)
         after.append([p.detach().clone() for p in [*model.parameters(), extra]])
     return opt, after
 
@@ -32,14 +46,29 @@ def _adamw(params):
 
 
 def _against_adamw(steps):
-    """On a rank: ShardedOptimizer's parameters after every step, and what it holds."""
-    opt, after = _train(steps, lambda params: ex.ShardedOptimizer(
-        params, torch.optim.AdamW, lr=1e-2, weight_decay=0.01))
+    """On a rank: ShardedOptimizer's parameters after every step, what it holds, what each
+    step broadcast, and which parameters every optimizer made on this rank keeps state for."""
+    made, init = [], torch.optim.Optimizer.__init__
+
+    def recording_init(self, *args, **kwargs):       # every optimizer, however it is made
+        made.append(self)
+        return init(self, *args, **kwargs)
+    sent = []
+    torch.optim.Optimizer.__init__ = recording_init
+    try:
+        opt, after = _train(steps, lambda params: ex.ShardedOptimizer(
+            params, torch.optim.AdamW, lr=1e-2, weight_decay=0.01), sent)
+    finally:
+        torch.optim.Optimizer.__init__ = init        # the worker serves later calls
     listed = [p for g in opt.param_groups for p in g["params"]]
     with_state = [i for i, p in enumerate(listed) if len(opt.state.get(p, {})) > 0]
+    kept = {f"{type(o).__name__} #{k}": sorted(i for i, p in enumerate(listed)
+                                               if len(o.state.get(p, {})) > 0)
+            for k, o in enumerate(made)}
     opt.zero_grad()
     return {"after": after, "listed": len(listed), "with_state": with_state,
-            "zeroed": all(p.grad is None or not p.grad.any() for p in listed)}
+            "zeroed": all(p.grad is None or not p.grad.any() for p in listed),
+            "sent": sent, "kept": kept, "bytes": [p.numel() * p.element_size() for p in listed]}
 
 
 def _differences(result, steps):
@@ -98,3 +127,38 @@ def test_works_at_world_size_4():
             f"rank {rank}: opt.state has entries for parameters {r['with_state']}, expected "
             f"{want}" + ("; none at all: is opt.state the wrapped optimizer's state?"
                          if not r["with_state"] else ""))
+
+
+def _owned_bytes(r, world, steps):
+    """Per step: {rank: bytes of the parameters it owns} (the extra parameter from step 2)."""
+    sizes = r["bytes"]
+    out = []
+    for step in range(steps):
+        present = sizes if step >= 2 else sizes[:-1]
+        owned = {}
+        for i, nbytes in enumerate(present):
+            owned[i % world] = owned.get(i % world, 0) + nbytes
+        out.append(owned)
+    return out
+
+
+def test_step_broadcasts_each_owners_parameters_and_keeps_no_other_state():
+    world, steps = 2, 3
+    for rank, r in enumerate(ex.run(_against_adamw, world, steps, timeout=60)):
+        for step, (sent, owned) in enumerate(zip(r["sent"], _owned_bytes(r, world, steps))):
+            assert sent, (
+                f"rank {rank}: step() {step} communicated nothing: after stepping the "
+                "parameters it owns, each rank must broadcast them (dist.broadcast from the "
+                "owner) so that every rank ends with all of them; a rank that updates every "
+                "parameter itself is plain data parallelism, not ZeRO-1")
+            assert sent == owned, (
+                f"rank {rank}: step() {step} broadcast {sent} bytes by source rank (other "
+                f"collectives by kind), expected {owned}: every parameter once, from its "
+                f"owner (parameter i from rank i % {world})")
+        want = set(_expected_owned(rank, world, r["listed"]))
+        for name, kept in r["kept"].items():
+            extra = sorted(set(kept) - want)
+            assert not extra, (
+                f"rank {rank}: an optimizer made during training ({name}) keeps state for "
+                f"parameters {extra}, which rank {rank} does not own: only the owner may keep a "
+                "parameter's Adam moments (that is the memory ZeRO-1 saves)")

@@ -137,6 +137,52 @@ def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way():
     _check_calls(results, (1, 1), "column -> GELU -> row")
 
 
+def _operators_on_rank():
+    """f and g on their own, where autograd still needs what it hands them: g between two
+    tanh (the first saves its output, g's input; the second follows g), and f followed by a
+    sum (whose backward hands f an expanded view of one number)."""
+    r = dist.get_rank()
+    a = torch.randn(3, 4, generator=torch.Generator().manual_seed(20 + r)).requires_grad_()
+    w = torch.randn(3, 4, generator=torch.Generator().manual_seed(30))
+    t = torch.tanh(a)
+    before = t.detach().clone()
+    z = torch.tanh(ex.ReduceFromTensorParallel.apply(t))
+    (z * w).sum().backward()
+    b = torch.randn(5, generator=torch.Generator().manual_seed(40 + r)).requires_grad_()
+    ex.CopyToTensorParallel.apply(b).sum().backward()
+    return {"z": z.detach(), "a grad": a.grad, "b grad": b.grad,
+            "g input kept": torch.equal(t.detach(), before)}
+
+
+def test_f_and_g_leave_the_tensors_autograd_hands_them_alone():
+    p = 2
+    try:
+        results = ex.run(_operators_on_rank, p, timeout=60)
+    except lecture_lib.RankError as exc:
+        raise AssertionError(
+            "f or g failed where autograd hands them a tensor it still needs, or a view it "
+            "cannot write (tanh(g(tanh(a))), f(b).sum()): a collective works in place, so "
+            "all-reduce a copy (x.clone(), grad.clone()), never the tensor you were given\n"
+            + str(exc)) from None
+    tanh_a = [torch.tanh(torch.randn(3, 4, generator=torch.Generator().manual_seed(20 + r)))
+              for r in range(p)]
+    w = torch.randn(3, 4, generator=torch.Generator().manual_seed(30))
+    z = torch.tanh(sum(tanh_a))
+    for rank, res in enumerate(results):
+        assert res["g input kept"], (
+            f"rank {rank}: g changed its input x (the output of a tanh, which autograd saved "
+            "for tanh's backward): all-reduce a copy of x, not x itself")
+        torch.testing.assert_close(res["z"], z, rtol=RTOL, atol=ATOL, msg=lambda m, rank=rank:
+                                   f"rank {rank}: tanh(g(tanh(a))) forward: {m}")
+        want = w * (1 - z ** 2) * (1 - tanh_a[rank] ** 2)
+        torch.testing.assert_close(res["a grad"], want, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, rank=rank: f"rank {rank}: the gradient of a "
+                                   f"through tanh(g(tanh(a))) (is g's input left alone?): {m}")
+        torch.testing.assert_close(res["b grad"], torch.full((5,), float(p)), msg=lambda m,
+                                   rank=rank: f"rank {rank}: the gradient of b through "
+                                   f"f(b).sum() (every rank's ones, all-reduced): {m}")
+
+
 def test_uneven_split_is_refused():
     def build():
         ex.ColumnParallelLinear(seeded_linear(4, 8))          # an even split builds

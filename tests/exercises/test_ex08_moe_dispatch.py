@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib.grading import load_exercise
+from lecture_lib.grading.harness import record_dist
 
 ex = load_exercise("ex08")
 POINTS = 10
@@ -28,14 +29,17 @@ def _on_rank():
     dev = lecture_lib.device()
     x = x_all[rows].clone().to(dev).requires_grad_()
     before = x.detach().clone()
-    received, received_expert, plan = ex.dispatch(x, idx_all[rows].to(dev), EXPERTS)
+    with record_dist() as sent_out:
+        received, received_expert, plan = ex.dispatch(x, idx_all[rows].to(dev), EXPERTS)
     # expert e: multiply by (e + 1), so every token's output says which expert ran it
     processed = received * (received_expert + 1).unsqueeze(1).to(received.dtype)
-    y = ex.combine(processed, plan)
+    with record_dist() as sent_back:
+        y = ex.combine(processed, plan)
     (y * (rank + 1)).sum().backward()
     return {"received": received.detach(), "received_expert": received_expert,
             "y": y.detach(), "x_grad": None if x.grad is None else x.grad.cpu(),
-            "unchanged": torch.equal(x.detach(), before)}
+            "unchanged": torch.equal(x.detach(), before),
+            "moved": {"dispatch": sent_out, "combine": sent_back}}
 
 
 _RESULTS = {}
@@ -94,3 +98,31 @@ def test_gradient_flows_back_through_both_all_to_alls(world_size):
         expected = ((idx + 1).double() * (rank + 1)).unsqueeze(1).expand(n, D)
         assert res["x_grad"] is not None, "no gradient reached x: use the differentiable all_to_all"
         torch.testing.assert_close(res["x_grad"], expected, rtol=0, atol=0, msg=f"rank {rank}")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tokens_travel_once_by_all_to_all(world_size):
+    """Each token crosses once each way in an all-to-all: a rank receives exactly the rows of
+    its experts (dispatch) and its own rows back (combine); only the small count table may
+    travel besides. All-gathering the tokens instead moves p times the bytes."""
+    _, idx_all = _tokens()
+    local, n = EXPERTS // world_size, TOKENS // world_size
+    for rank, res in enumerate(_results(world_size)):
+        mine = int(((idx_all >= rank * local) & (idx_all < (rank + 1) * local)).sum())
+        for phase, rows in (("dispatch", mine), ("combine", n)):
+            events = res["moved"][phase]
+            tokens = [e for e in events if "torch.float64" in e["dtypes"]]
+            kinds = sorted({e["kind"] for e in tokens})
+            got = sum(e["bytes"] for e in tokens)
+            assert kinds == ["all_to_all"], (
+                f"rank {rank}, {world_size} ranks: {phase} moved the tokens with "
+                f"{kinds or 'nothing'}; expected one all-to-all (lecture_lib.expert_parallel."
+                "all_to_all), which sends each token only to the rank that needs it")
+            assert got == rows * D * 8, (
+                f"rank {rank}, {world_size} ranks: {phase} received {got} bytes of tokens, "
+                f"expected {rows} rows x {D} x 8 = {rows * D * 8}: each token travels once, to "
+                "its expert's rank and back (an all-gather sends every token to every rank)")
+            rest = sum(e["bytes"] + e["input"] for e in events if e not in tokens)
+            assert rest <= 2 * world_size * EXPERTS * 8, (
+                f"rank {rank}, {world_size} ranks: {phase} moved {rest} bytes besides the "
+                f"tokens; only the count table (p x E/p numbers) need travel")

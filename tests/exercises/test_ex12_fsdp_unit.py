@@ -17,6 +17,7 @@ import torch.distributed as dist
 from lecture_lib import tolerance
 from lecture_lib.comm import record_comm
 from lecture_lib.grading import load_exercise
+from lecture_lib.grading.harness import record_dist
 from lecture_lib.models import (
     ToyMLP,
     TrainResult,
@@ -58,7 +59,7 @@ def _train(dtype, steps):
         x, y = batches(step)
         x, y = x[r * BATCH // n:(r + 1) * BATCH // n], y[r * BATCH // n:(r + 1) * BATCH // n]
         opt.zero_grad()
-        with record_comm() as log:
+        with record_comm() as log, record_dist() as moved:
             loss = model(x.to(dtype), y.to(dtype))
             loss.backward()
         opt.step()
@@ -72,11 +73,29 @@ def _train(dtype, steps):
             "held": [f.numel() for u in units for f in u.full],
             "gathered": log.buffer_bytes(kind="all_gather"),
             "scattered": log.buffer_bytes(kind="reduce_scatter"),
+            "calls": [e["kind"] for e in moved], "units": len(units),
             "grads": [p.grad.clone() for p in model.parameters()]}
 
 
 def _both(steps):
     return {"fp32": _train(torch.float32, steps), "bf16": _train(torch.bfloat16, 1)}
+
+
+def test_one_all_gather_and_one_reduce_scatter_per_unit():
+    for rank, r in enumerate(ex.run(_both, 2, 1, timeout=60)):
+        got = r["fp32"]
+        calls, units = got["calls"], got["units"]
+        gathers, scatters = calls.count("all_gather"), calls.count("reduce_scatter")
+        others = sorted({c for c in calls if c not in ("all_gather", "reduce_scatter")})
+        assert gathers == 2 * units, (
+            f"rank {rank}: {gathers} all-gathers in one step of {units} units (2 parameters "
+            f"each), expected {2 * units}: ONE per unit in forward and one in backward "
+            "(concatenate the unit's shards and gather them together, not parameter by "
+            "parameter)")
+        assert scatters == units, (
+            f"rank {rank}: {scatters} reduce-scatters in one step of {units} units, expected "
+            f"{units}: one per unit, of all its gradients together")
+        assert not others, f"rank {rank}: the step also ran {others}; an FSDP unit needs none"
 
 
 def test_fp32_trains_like_one_process_and_frees_what_it_gathers():

@@ -7,6 +7,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lecture_lib.grading import load_exercise
+from lecture_lib.grading.harness import record_dist
 
 ex = load_exercise("ex13")
 POINTS = 10
@@ -67,6 +68,41 @@ def test_one_step_passes_kv_to_the_right_and_merges(world_size):
         torch.testing.assert_close(
             second[0], both, msg=lambda m, rank=rank:
             f"rank {rank}: after two steps, o should cover its own and its left block: {m}")
+
+
+def _step_order():
+    """On a rank: what one ring_step did, in order: its messages posted ("send", "recv"),
+    the block's compute ("compute": block_attention called) and its waits ("wait")."""
+    rank = dist.get_rank()
+    q, k, v = _qkv(10 + rank)
+    real = ex.block_attention
+    with record_dist(waits=True) as events:
+        def probe(*args, **kwargs):
+            events.append({"kind": "compute"})
+            return real(*args, **kwargs)
+        ex.block_attention = probe
+        try:
+            ex.ring_step(q, torch.stack([k, v]), None)
+        finally:
+            ex.block_attention = real
+    return [e["kind"] for e in events]
+
+
+def test_the_exchange_overlaps_the_block_compute():
+    for rank, kinds in enumerate(ex.run(_step_order, 2, timeout=60)):
+        seen = " -> ".join(kinds) or "nothing"
+        assert "compute" in kinds, (
+            f"rank {rank}: ring_step never called block_attention (what it did: {seen}); "
+            "attend to the held block with block_attention, as the statement says")
+        before = kinds[:kinds.index("compute")]
+        assert "send" in before and "recv" in before, (
+            f"rank {rank}: the exchange was not posted before the block's compute ({seen}): "
+            "post the isend and irecv first, compute while they fly, then wait; exchanging "
+            "after the compute overlaps nothing")
+        assert "wait" not in before, (
+            f"rank {rank}: ring_step waited for the exchange before computing ({seen}): a "
+            "blocking send/recv or a wait() before block_attention serialises the two; wait "
+            "after the compute")
 
 
 def _full_ring():
