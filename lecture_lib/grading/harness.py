@@ -336,13 +336,47 @@ def assert_close_per_rank(got: list, expected, what: str = "the result", **toler
         try:
             torch.testing.assert_close(g, e, **tolerance)
         except (AssertionError, TypeError) as exc:
-            detail = str(exc).strip().splitlines()[0][:200]
-            wrong.append(f"rank {rank}: expected {_short(e)}, got {_short(g)} ({detail})")
+            wrong.append(f"rank {rank}: {difference(g, e, exc, **tolerance)}")
     if wrong:
         raise AssertionError(f"{what} is wrong on {len(wrong)} of {len(got)} ranks: "
                              + "\n".join(wrong))
 
 
+def difference(got, want, exc: Exception | None = None, rtol: float | None = None,
+               atol: float | None = None, **_) -> str:
+    """One rank's mismatch in words: for two tensors of one shape, the shape, how many elements
+    differ, the first three differing positions with both values, and the largest error;
+    otherwise both values, summarised whole (never cut inside a number)."""
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) \
+            or got.shape != want.shape or got.is_complex():
+        shapes = (f"shape {tuple(got.shape)} (expected {tuple(want.shape)}): " if
+                  isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) else "")
+        reason = f" ({str(exc).strip().splitlines()[0]})" if exc is not None else ""
+        return f"{shapes}expected {_short(want)}, got {_short(got)}{reason}"
+    g, w = got.detach().double(), want.detach().double()
+    close = torch.isclose(g, w, rtol=1.3e-6 if rtol is None else rtol,
+                          atol=1e-5 if atol is None else atol, equal_nan=True)
+    bad = (~close).nonzero()
+    err = torch.nan_to_num((g - w).abs(), nan=float("inf"))
+    worst = (tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+             if err.numel() else ())
+    first = "; ".join(f"at {tuple(i.tolist())} expected {w[tuple(i)].item():.6g}, got "
+                      f"{g[tuple(i)].item():.6g}" for i in bad[:3])
+    dtype = "" if got.dtype == want.dtype else f", dtype {got.dtype} (expected {want.dtype})"
+    return (f"shape {tuple(got.shape)}{dtype}: {len(bad)} of {got.numel()} elements differ; "
+            f"first {first or 'none beyond tolerance'}; largest error "
+            f"{err.max().item() if err.numel() else 0:.3g} at {worst}; expected {_short(want)}, "
+            f"got {_short(got)}")
+
+
 def _short(value) -> str:
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= 160 else text[:157] + "..."
+    """A value's repr on one line: tensors summarised by torch (first and last elements, never
+    a cut number), anything else cut after its last whole item within 160 characters."""
+    if isinstance(value, torch.Tensor):
+        with torch._tensor_str.printoptions(threshold=8, edgeitems=3, linewidth=10_000):
+            return " ".join(repr(value).split())
+    text = " ".join(repr(value).split())
+    if len(text) <= 160:
+        return text
+    cut = max(text.rfind(", ", 0, 150), 0)
+    return text[:cut] + f", ... ({len(text) - cut} more characters)"
