@@ -139,8 +139,8 @@ def _casts():
     return out
 
 
-@pytest.mark.sixteen_bit
-@pytest.mark.parametrize("world_size", [2, 4])
+# the 4-rank case (the deeper reduction) is rerun on the older oneDNN kernels (sixteen_bit)
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.sixteen_bit)])
 def test_compute_dtype_equals_one_process_with_the_same_casts(world_size):
     results = lecture_lib.run(_casts, world_size, timeout=180)
     init = dict(make_gpt().named_parameters())
