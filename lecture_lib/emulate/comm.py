@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .nccl import collective_seconds, p2p_seconds  # noqa: F401  (re-exported)
+
 COLLECTIVES = ["all_reduce", "all_gather_single", "all_gather_into_tensor",
                "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all_single",
                "all_to_all", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier"]
@@ -47,26 +49,6 @@ SIGNATURE = {name: inspect.signature(f) for name, f in ORIGINAL.items()}
 _KIND = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
          "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
          "all_to_all_single": "all_to_all"}
-
-
-def collective_seconds(kind: str, nbytes: float, p: int, link) -> float:
-    """Alpha-beta seconds of one ring collective (see the module docstring)."""
-    if p <= 1:
-        return 0.0
-    a, b = link.alpha, link.beta
-    if kind == "all_reduce":
-        return 2 * (p - 1) * a + 2 * (p - 1) / p * nbytes / b
-    if kind in ("all_gather", "reduce_scatter"):
-        return (p - 1) * a + (p - 1) / p * nbytes / b
-    if kind in ("all_to_all", "broadcast", "reduce"):
-        return (p - 1) * a + nbytes / b
-    if kind == "barrier":
-        return 2 * (p - 1) * a
-    raise ValueError(f"unknown collective {kind!r}")
-
-
-def p2p_seconds(nbytes: float, link) -> float:
-    return link.alpha + nbytes / link.beta
 
 
 def nbytes_of(t) -> int:
@@ -174,7 +156,7 @@ def _collective(state: State, name: str, args, kwargs):
     clock.resolve()                        # the previous collectives' ends fix this start
     clock.issued.append((kind, clock.compute, nbytes))
     local = max(clock.compute, clock.comm)
-    cost = collective_seconds(kind, nbytes, p, state.cluster.link(ranks))
+    cost = state.cluster.collective_seconds(kind, nbytes, ranks)
     agree = None
     if p > 1:
         agree = torch.tensor([local], dtype=torch.float64)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import ORIGINAL, SIGNATURE, EmulatedWork, Once, State, nbytes_of, p2p_seconds
+from .comm import ORIGINAL, SIGNATURE, EmulatedWork, Once, State, nbytes_of
 
 
 def _args(name: str, args, kwargs) -> dict:
@@ -46,7 +46,7 @@ def _send(state: State, a: dict, asynchronous: bool):
     clock = state.clock
     peer, n = _peer(a, "dst"), nbytes_of(a["tensor"])
     start = max(clock.compute, clock.comm)
-    end = start + p2p_seconds(n, state.cluster.link([state.rank, peer]))
+    end = start + state.cluster.p2p_seconds(n, [state.rank, peer])
     stamp = torch.tensor([start], dtype=torch.float64)
     stamp_work = ORIGINAL["isend"](stamp, **_stamp_kwargs(a, "dst"))
     clock.comm_span(f"send to {peer}", start, end, n, kind="send")
@@ -62,7 +62,7 @@ def _send(state: State, a: dict, asynchronous: bool):
 def _arrival(state: State, a: dict, peer: int, stamp: torch.Tensor, issue: float) -> float:
     n = nbytes_of(a["tensor"])
     start = float(stamp.item())
-    arrival = start + p2p_seconds(n, state.cluster.link([state.rank, peer]))
+    arrival = start + state.cluster.p2p_seconds(n, [state.rank, peer])
     done = max(issue, arrival)
     state.clock.comm_span(f"recv from {peer}", max(issue, start), done, n, occupy=False,
                           kind="recv")

@@ -125,6 +125,16 @@ class Cluster:
     def label(self) -> str:
         return self.short or self.name
 
+    def collective_seconds(self, kind: str, nbytes: float, ranks) -> float:
+        """Seconds of one collective of ``kind`` over these global ranks."""
+        from .nccl import collective_seconds
+        return collective_seconds(kind, nbytes, len(ranks), self.link(ranks))
+
+    def p2p_seconds(self, nbytes: float, ranks) -> float:
+        """Seconds of one message between the two global ranks."""
+        from .nccl import p2p_seconds
+        return p2p_seconds(nbytes, self.link(ranks))
+
 
 H100_SXM = Device("H100 SXM", bf16_flops=H100_CLUSTER.peak_flops, tf32_flops=494e12,
                   fp32_flops=67e12, memory_bandwidth=3.35e12,
