@@ -14,6 +14,13 @@
   communication left exposed). :func:`wall_time` synchronises both virtual
   streams. ``timer.time_kind`` says which time ("real" or "emulated H100 + NVLink").
 * :func:`now` and :func:`time_kind`: the clock every measurement here reads.
+* :func:`set_clock_source`: the hook through which a virtual clock reaches the
+  timers. This module sits below the emulation and never imports it; the
+  emulation registers, when it is imported, a function that returns the rank's
+  active virtual clock or ``None`` (:func:`lecture_lib.emulate.current`). A
+  clock has ``now()`` (its compute stream, seconds), ``synchronize()`` (waits for
+  every stream, returns seconds) and ``label`` (e.g. "H100 + NVLink"). With no
+  source, or while it returns ``None``, every measurement is real time.
 * :func:`tokens_per_second` and :func:`share`: the derived figures.
 * :func:`model_flops_per_token` (:func:`gpt_flops_per_token` for the course's
   GPT) and :func:`mfu`: model FLOPs utilisation,
@@ -35,7 +42,23 @@ from contextlib import contextmanager
 
 import torch
 
-from .emulate.clock import current as _emulation
+_clock_source = None        # set_clock_source: () -> the active virtual clock, or None
+
+
+def set_clock_source(source):
+    """Make ``source()`` (the active virtual clock on this rank, or ``None``) the clock the
+    timers read while it returns one; ``None`` removes it. Returns the previous source.
+    :mod:`lecture_lib.emulate` registers its own when it is imported."""
+    global _clock_source
+    if source is not None and not callable(source):
+        raise TypeError(f"a clock source is a function or None, not {type(source).__name__}")
+    previous, _clock_source = _clock_source, source
+    return previous
+
+
+def _virtual_clock():
+    """The virtual clock the registered source reports, or ``None`` (real time)."""
+    return _clock_source() if _clock_source is not None else None
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -48,7 +71,7 @@ def now(device: torch.device | str | None = None, stream_only: bool = False) -> 
     """Seconds on this rank's clock, after synchronising: emulated under the emulation,
     ``time.perf_counter()`` otherwise. Under the emulation ``stream_only=True`` reads
     the compute stream without waiting for the communication stream (a CUDA event)."""
-    clock = _emulation()
+    clock = _virtual_clock()
     if clock is not None:
         return clock.now() if stream_only else clock.synchronize()
     synchronize(device)
@@ -57,7 +80,7 @@ def now(device: torch.device | str | None = None, stream_only: bool = False) -> 
 
 def time_kind() -> str:
     """``"real"``, or e.g. ``"emulated H100 + NVLink"`` while the emulation is on."""
-    clock = _emulation()
+    clock = _virtual_clock()
     return "real" if clock is None else f"emulated {clock.label}"
 
 
@@ -77,7 +100,7 @@ class Timer:
         self.reset()
 
     def _t0(self) -> float:
-        return self.t0 if _emulation() is None else self.t0_emulated
+        return self.t0 if _virtual_clock() is None else self.t0_emulated
 
     @contextmanager
     def __call__(self, phase: str):
@@ -98,7 +121,7 @@ class Timer:
     def reset(self) -> None:
         self.totals.clear()
         self.spans.clear()
-        clock = _emulation()
+        clock = _virtual_clock()
         self.t0 = time.perf_counter()
         self.t0_emulated = clock.now() if clock is not None else 0.0
         self.time_kind = time_kind()

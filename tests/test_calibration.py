@@ -1,4 +1,5 @@
-"""Calibration on this machine: the pieces, and one small end-to-end run."""
+"""Calibration (lecture_lib.calibration): the cost model fitted on this machine, the pieces and
+one small end-to-end run; then the model against the emulation."""
 import re
 from pathlib import Path
 
@@ -6,8 +7,9 @@ import pytest
 
 import lecture_lib
 from lecture_lib import calibration, emulate
+from lecture_lib.calibration import model_vs_emulation as emulated_calibration
 from lecture_lib.costmodel.comm import Link
-from lecture_lib.emulate import calibration as emulated_calibration
+from lecture_lib.costmodel.steptime import training_flops
 from lecture_lib.models import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
@@ -54,7 +56,7 @@ def test_fit_clamps_a_negative_overhead():
     """Noise can make the many-micro-batch run faster; overhead is then 0, not negative."""
     fit = calibration.fit_compute(TINY, 8, 4, 0.100, 0.090)
     assert fit.overhead == 0.0
-    flops = calibration.training_flops(calibration.shape_of(TINY), 8 * 16)
+    flops = training_flops(calibration.shape_of(TINY), 8 * 16)
     assert fit.rate == pytest.approx(flops / 0.1)
 
 
@@ -72,7 +74,7 @@ def test_inconsistent_timings_are_an_error_not_a_negative_rate():
 
 
 # ----------------------------------------------------------------------------
-# The cost model against the emulation (lecture_lib.emulate.calibration)
+# The cost model against the emulation (lecture_lib.calibration.model_vs_emulation)
 # ----------------------------------------------------------------------------
 
 EMU_SMALL = GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_heads=4, n_layers=2)

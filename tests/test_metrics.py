@@ -1,4 +1,6 @@
 """metrics: phase timers, saved-tensor bytes, state bytes; costmodel.comm formulas."""
+import subprocess
+import sys
 import time
 
 import pytest
@@ -77,3 +79,41 @@ def test_training_days_inverts_mfu_and_gives_llama3s_budget():
     for bad in [(0, 1, 1, 1, 0.5), (1, 1, 1, 0, 0.5), (1, 1, 1, 1, 0), (1, 1, 1, 1, 1.5)]:
         with pytest.raises(ValueError):
             metrics.training_days(*bad)
+
+
+def test_metrics_does_not_import_the_emulation():
+    """metrics sits below the emulation: it learns of a virtual clock through its own hook."""
+    code = "import lecture_lib.metrics, sys; assert 'lecture_lib.emulate' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_timers_read_the_registered_clock_source():
+    class FakeClock:
+        label, t, synchronized = "Fake GPU", 10.0, 0
+
+        def now(self):
+            return self.t
+
+        def synchronize(self):
+            self.synchronized += 1
+            return self.t
+
+    clock, active = FakeClock(), [None]
+    previous = metrics.set_clock_source(lambda: active[0])
+    try:
+        assert metrics.time_kind() == "real"                  # a source that reports no clock
+        active[0] = clock
+        assert metrics.time_kind() == "emulated Fake GPU"
+        timer = metrics.Timer()
+        with timer("compute"):
+            clock.t += 0.5
+        assert timer.totals["compute"] == 0.5 and timer.spans == [("compute", 0.0, 0.5)]
+        assert timer.time_kind == "emulated Fake GPU" and clock.synchronized == 0
+        with metrics.wall_time() as t:
+            clock.t += 0.25
+        assert t.seconds == 0.25 and clock.synchronized == 2    # wall_time waits for both streams
+        with pytest.raises(TypeError, match="clock source"):
+            metrics.set_clock_source("not a function")
+    finally:
+        metrics.set_clock_source(previous)
+    assert metrics.set_clock_source(previous) is previous

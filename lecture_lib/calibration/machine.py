@@ -26,14 +26,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import launch
-from .collectives import bandwidth_sweep, fit_sweep
-from .costmodel.comm import Link, bus_factor
-from .costmodel.memory import TransformerShape
-from .costmodel.steptime import Cluster, Parallelism, step_time, training_flops
-from .hybrid import HybridConfig, step_seconds, train_hybrid
-from .models import GPT, GPTConfig
-from .progress import progress
+from .. import launch
+from ..collectives import bandwidth_sweep, fit_sweep
+from ..costmodel.comm import Link, bus_factor
+from ..costmodel.memory import TransformerShape
+from ..costmodel.steptime import Cluster, Parallelism, step_time, training_flops
+from ..hybrid import HybridConfig, step_seconds, train_hybrid
+from ..models import GPT, GPTConfig
+from ..progress import progress
 
 
 def shape_of(cfg: GPTConfig) -> TransformerShape:

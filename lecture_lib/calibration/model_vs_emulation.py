@@ -34,23 +34,22 @@ import math
 import torch
 
 from .. import launch
-from ..calibration import predict_on
 from ..costmodel.steptime import Cluster as ModelCluster
 from ..costmodel.traffic import check_optimizer
+from ..emulate import Cluster, emulated, preset
 from ..hybrid import HybridConfig, check_hybrid, step_seconds, train_on_rank
 from ..models import GPTConfig
 from ..progress import progress
-from .presets import Cluster, preset
-from .session import emulated
+from .machine import predict_on
 
 EMULATED_GPT = GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_heads=4, n_layers=4)
-EMULATED_PRESET = preset("h100-node", fp32="fp32")
+EMULATED_PRESET = preset("h100-node", fp32="fp32", charges="roofline")
 
 
 def model_cluster(spec: str | Cluster = EMULATED_PRESET, ranks: int = 1) -> ModelCluster:
     """The cost model's cluster built from an emulation preset's constants: the rate an
     fp32 operation is charged at, the memory bandwidth, the links and the node size; all
-    of the peak (the emulation charges every operation at the device's full rate)."""
+    of the peak (the emulation's roofline charges: every operation at the device's full rate)."""
     c = preset(spec)
     nodes = max(1, math.ceil(ranks / c.gpus_per_node))
     return ModelCluster(f"{c.label()} (the emulation's constants)", nodes, c.gpus_per_node,

@@ -1,4 +1,4 @@
-"""Experiments on the emulated cluster: DDP's step time, its overlap, and what emulating costs.
+"""Data parallelism on an emulated cluster: DDP's step time, its overlap, what emulating costs.
 
 :func:`ddp_step` (a rank function) trains the course's GPT with one of the
 course's data-parallel wrappers under the emulation and splits each step's
@@ -24,22 +24,21 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import data_parallel as DP
 from .. import launch
 from ..comm import group_info
+from ..emulate import Clock, emulated
 from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
 from ..progress import progress
-from .clock import Clock
-from .session import emulated
+from .ddp import check_bucket_size, wrap
 
-VARIANTS = {"flat": lambda m, mb, g=None: DP.DDPFlat(m, g),
-            "individual": lambda m, mb, g=None: DP.DDPIndividualParameters(m, g),
-            "bucketed": lambda m, mb, g=None: DP.DDPBucketed(m, mb, g)}
+# the course's own wrappers (:func:`~lecture_lib.data_parallel.ddp.wrap`) whose step the
+# emulation splits into phases
+EMULATED_VARIANTS = ("flat", "individual", "bucketed")
 
 
 def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, not {variant!r}")
+    if variant not in EMULATED_VARIANTS:
+        raise ValueError(f"variant must be one of {EMULATED_VARIANTS}, not {variant!r}")
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, not {type(cfg).__name__}")
     for name, value in (("batch_per_rank", batch_per_rank), ("steps", steps)):
@@ -104,7 +103,7 @@ def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
     data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
     with emulated(preset) as clock:
         model = GPT(cfg, seed=0)
-        wrapped = VARIANTS[variant](model, bucket_size_mb, group)
+        wrapped = wrap(variant, model, bucket_size_mb, group)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         split = _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock, group)
     n = sum(p.numel() for p in model.parameters())
@@ -159,7 +158,7 @@ def measure_weak_scaling(world_sizes, cfg: GPTConfig, batch_per_rank: int,
         raise ValueError(f"world_sizes must be a non-empty list of whole numbers >= 1, "
                          f"not {world_sizes!r}")
     _check("bucketed", cfg, batch_per_rank, steps)
-    DP.check_bucket_size(bucket_size_mb)
+    check_bucket_size(bucket_size_mb)
     rows = launch.run(_scaling_rank, max(sizes), sizes, cfg, batch_per_rank, steps,
                       bucket_size_mb, preset, timeout=timeout)[0]
     return [{**row, "world_size": p, "tokens_per_s": p * row["tokens_per_rank"] / row["step"]}
@@ -169,7 +168,7 @@ def measure_weak_scaling(world_sizes, cfg: GPTConfig, batch_per_rank: int,
 def _overhead_rank(variant, cfg, batch_per_rank, steps, bucket_size_mb, preset, repeats):
     data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
     model = GPT(cfg, seed=0)
-    wrapped = VARIANTS[variant](model, bucket_size_mb)
+    wrapped = wrap(variant, model, bucket_size_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _train_steps(wrapped, model, opt, data, batch_per_rank, 1, None)       # warm-up
     plain, emul = [], []
