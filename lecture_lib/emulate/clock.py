@@ -16,6 +16,9 @@ rank's :class:`Clock` keeps two such timelines, in seconds of emulated time:
 is when this rank's compute stream is done so far; ``synchronize()`` waits
 for both streams (``torch.cuda.synchronize``). ``spans`` is the timeline,
 ``[(kind, start, end, text), ...]``, with adjacent compute of one kind merged;
+``host`` is when the host (Python, eager PyTorch) has launched everything so
+far: a kernel cannot start before it is launched (:meth:`launch`), so a rank
+whose kernels are shorter than their launches is launch-bound.
 ``issued`` lists each collective as ``(kind, compute time at issue, bytes)``: when
 its data was ready (its span starts later when the stream was still busy).
 
@@ -42,6 +45,7 @@ class Clock:
     label: str = ""
     compute: float = 0.0
     comm: float = 0.0
+    host: float = 0.0                   # when the host has launched everything so far
     spans: list = field(default_factory=list)
     totals: dict = field(default_factory=dict)
     flops: float = 0.0                  # counted FLOPs charged so far
@@ -63,7 +67,12 @@ class Clock:
         """Wait for both streams (``torch.cuda.synchronize``); returns the time."""
         self.resolve()
         self.compute = max(self.compute, self.comm)
+        self.host = max(self.host, self.compute)
         return self.compute
+
+    def catch_up(self) -> None:
+        """The host waits for the compute stream (a ``.item()``, a copy to the CPU)."""
+        self.host = max(self.host, self.compute)
 
     def timeline(self) -> dict:
         """``{"compute": [...], "comm": [...]}``: the spans of each stream."""
@@ -103,6 +112,14 @@ class Clock:
             self.spans[-1] = (last[0], last[1], self.compute, last[3])
         elif seconds > 0:
             self.spans.append((self.kind, start, self.compute, ""))
+
+    def launch(self, seconds: float, host_seconds: float, flops: float = 0.0) -> None:
+        """One kernel: the host spends ``host_seconds`` launching it, then it runs ``seconds``
+        on the compute stream, starting when both the stream and the launch are done (a
+        stream that waited for the host counts the wait in the current kind)."""
+        self.host += host_seconds
+        waited = self.host - self.compute
+        self.charge(seconds + waited if waited > 0 else seconds, flops)
 
     def comm_span(self, text: str, start: float, end: float, nbytes: float,
                   occupy: bool = True, kind: str | None = None) -> None:

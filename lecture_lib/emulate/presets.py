@@ -1,19 +1,25 @@
 """What is emulated: a device (its FLOP rates and memory bandwidth) and the links between devices.
 
-A :class:`Device` is the roofline of one accelerator (Williams, Waterman &
-Patterson 2009, "Roofline: an insightful visual performance model"): an
-operation that does ``F`` FLOPs and moves ``B`` bytes to and from memory takes
-``max(F / rate, B / memory_bandwidth)``. A :class:`Cluster` places devices in
-nodes: ranks ``r // gpus_per_node`` share a node and talk over ``intra``
-(NVLink); ranks in different nodes talk over ``inter`` (InfiniBand). Each link
-is the alpha-beta model (Hockney 1994): ``alpha + n / beta`` seconds for
-``n`` bytes.
+A :class:`Device` is one accelerator: its datasheet peaks (the roofline of
+Williams, Waterman & Patterson 2009: ``F`` FLOPs and ``B`` bytes take
+``max(F / rate, B / memory_bandwidth)``) and what real kernels achieve of them
+(the calibrated charges of :mod:`.compute`). A :class:`Cluster` places devices
+in nodes: ranks ``r // gpus_per_node`` share a node and talk over ``intra``
+(NVLink); ranks in different nodes talk over ``inter`` (InfiniBand). It says
+how it charges: ``charges="calibrated"`` (the default: per-kernel and launch
+costs, achieved rates, NCCL's algorithms and protocols on the ``intra_fabric``
+and ``inter_fabric`` constants, :mod:`.nccl`) or ``"roofline"`` (datasheet
+peaks, and each link the alpha-beta model of Hockney 1994, ``alpha + n /
+beta`` seconds for ``n`` bytes); ``launch`` (``"eager"`` or ``"graphs"``) and
+``optimizer`` (``"foreach"``, ``"fused"``, ``"as-run"``) pick the GPU code path.
 
-The link constants and the 16-bit peak rates are the cost model's own
+The alpha-beta links and the 16-bit peak rates are the cost model's own
 (:mod:`lecture_lib.costmodel.comm`, :mod:`lecture_lib.costmodel.steptime`):
-one set of numbers, so the emulation and the closed-form model disagree only
-where their *methods* differ. Only constants are shared; the emulation never
-calls a cost-model formula. The constants, with their sources:
+one set of numbers, so under the roofline charges the emulation and the
+closed-form model disagree only where their *methods* differ. Only constants
+are shared; the emulation never calls a cost-model formula. The calibrated
+constants come from published measurements (:mod:`.published`), each named
+where it is set below. The datasheet constants, with their sources:
 
 * H100 SXM: 989 TFLOP/s dense bf16/fp16 tensor core, 494 TFLOP/s dense TF32,
   67 TFLOP/s fp32 (non tensor core), 3.35 TB/s HBM3 (NVIDIA H100 Tensor Core
@@ -30,12 +36,12 @@ calls a cost-model formula. The constants, with their sources:
 
 fp32 tensors. The course computes in fp32 on CPUs; a real run computes its
 matrix multiplies in bf16 (mixed precision, Micikevicius et al. 2018). A
-cluster's ``fp32`` option says what rate an fp32 operation is charged at:
-``"bf16"`` (the default, "as if mixed precision": the matmuls of a real bf16
-run), ``"tf32"`` or ``"fp32"`` (what an fp32 program would really get). Bytes
-are always the real ones: fp32 master weights, gradients and messages are
-fp32 in a mixed-precision run too, while its bf16 activations would move half
-the bytes the emulation charges for them.
+cluster's ``fp32`` option says what an fp32 operation is charged as:
+``"bf16"`` (the default, "as if mixed precision": the rate of bf16, and the
+bytes of bf16 for every tensor outside the optimizer, as a mixed-precision
+run's activations and operands; the optimizer's fp32 master weights and
+states, and messages, keep their real bytes), ``"tf32"`` or ``"fp32"`` (what
+an fp32 program would really get, at its real bytes).
 """
 from __future__ import annotations
 
@@ -46,8 +52,13 @@ import torch
 
 from ..costmodel.comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link
 from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
+from . import nccl, published
+from .nccl import Fabric
 
 FP32_MODES = ("bf16", "tf32", "fp32")
+CHARGES = ("calibrated", "roofline")
+LAUNCHES = ("eager", "graphs")
+OPTIMIZERS = ("foreach", "fused", "as-run")
 
 
 def _positive(name: str, value) -> float:
@@ -59,17 +70,34 @@ def _positive(name: str, value) -> float:
 
 @dataclass(frozen=True)
 class Device:
-    """One accelerator: dense FLOP/s by precision and memory bandwidth in bytes/s."""
+    """One accelerator: dense FLOP/s by precision, memory bandwidth in bytes/s (datasheet),
+    and what real kernels achieve of them (the calibrated charges, :mod:`.compute`)."""
     name: str
     bf16_flops: float
     tf32_flops: float
     fp32_flops: float
     memory_bandwidth: float
     source: str = ""
+    sms: int = 1                        # streaming multiprocessors: a wave of matmul tiles
+    matmul_efficiency: float = 1.0      # best measured matmul rate / peak
+    memory_efficiency: float = 1.0      # measured HBM bandwidth / datasheet
+    kernel_seconds: float = 0.0         # the least time a kernel occupies the GPU
+    launch_seconds: float = 0.0         # host time to launch one operation, eager PyTorch
 
     def __post_init__(self):
-        for key in ("bf16_flops", "tf32_flops", "fp32_flops", "memory_bandwidth"):
+        for key in ("bf16_flops", "tf32_flops", "fp32_flops", "memory_bandwidth",
+                    "matmul_efficiency", "memory_efficiency"):
             _positive(f"{self.name}: {key}", getattr(self, key))
+        for key in ("matmul_efficiency", "memory_efficiency"):
+            if getattr(self, key) > 1:
+                raise ValueError(f"{self.name}: {key} is a fraction of the peak, <= 1")
+        for key in ("kernel_seconds", "launch_seconds"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value) or value < 0:
+                raise ValueError(f"{self.name}: {key} must be >= 0, not {value!r}")
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
+            raise ValueError(f"{self.name}: sms must be a whole number >= 1, not {self.sms!r}")
 
 
 def check_link(link: Link) -> Link:
@@ -92,6 +120,11 @@ class Cluster:
     gpus_per_node: int = 8
     fp32: str = "bf16"
     short: str = field(default="", compare=False)   # for labels: "H100 + NVLink"
+    charges: str = "calibrated"         # or "roofline": datasheet peaks, alpha-beta rings
+    launch: str = "eager"               # or "graphs": CUDA graphs, no host cost per kernel
+    optimizer: str = "foreach"          # the GPU's optimizer kernels: "foreach", "fused", "as-run"
+    intra_fabric: Fabric | None = None  # NCCL's constants on ``intra`` / ``inter``
+    inter_fabric: Fabric | None = None
 
     def __post_init__(self):
         if not isinstance(self.device, Device):
@@ -102,8 +135,19 @@ class Cluster:
                 or self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be a whole number >= 1, "
                              f"not {self.gpus_per_node!r}")
-        if self.fp32 not in FP32_MODES:
-            raise ValueError(f"fp32 must be one of {FP32_MODES}, not {self.fp32!r}")
+        for key, allowed in (("fp32", FP32_MODES), ("charges", CHARGES),
+                             ("launch", LAUNCHES), ("optimizer", OPTIMIZERS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {allowed}, not {getattr(self, key)!r}")
+        if self.charges == "calibrated":
+            for key in ("intra_fabric", "inter_fabric"):
+                if not isinstance(getattr(self, key), Fabric):
+                    raise ValueError(f"calibrated charges need {key} (an emulate.Fabric, "
+                                     "NCCL's constants on that link); or charges='roofline'")
+
+    @property
+    def calibrated(self) -> bool:
+        return self.charges == "calibrated"
 
     def flops(self, dtype: torch.dtype) -> float:
         """The FLOP rate an operation producing ``dtype`` is charged at."""
@@ -126,35 +170,99 @@ class Cluster:
         return self.short or self.name
 
     def collective_seconds(self, kind: str, nbytes: float, ranks) -> float:
-        """Seconds of one collective of ``kind`` over these global ranks."""
-        from .nccl import collective_seconds
-        return collective_seconds(kind, nbytes, len(ranks), self.link(ranks))
+        """Seconds of one collective of ``kind`` over these global ranks: NCCL's fastest
+        algorithm and protocol (calibrated), or the ideal ring (roofline)."""
+        return self.collective_choice(kind, nbytes, ranks)[1]
+
+    def collective_choice(self, kind: str, nbytes: float, ranks) -> tuple[str, float]:
+        """``(algorithm/protocol, seconds)`` of one collective over these global ranks."""
+        if not self.calibrated:
+            return "ring", nccl.collective_seconds(kind, nbytes, len(ranks), self.link(ranks))
+        nodes = len({self.node(r) for r in ranks})
+        return nccl.nccl_choice(kind, nbytes, len(ranks), self.intra_fabric,
+                                self.inter_fabric, nodes)
 
     def p2p_seconds(self, nbytes: float, ranks) -> float:
         """Seconds of one message between the two global ranks."""
-        from .nccl import p2p_seconds
-        return p2p_seconds(nbytes, self.link(ranks))
+        if not self.calibrated:
+            return nccl.p2p_seconds(nbytes, self.link(ranks))
+        one_node = len({self.node(r) for r in ranks}) <= 1
+        return nccl.nccl_p2p_seconds(nbytes, self.intra_fabric if one_node
+                                     else self.inter_fabric)
 
+
+# What real kernels achieve (the calibrated charges). A matmul reaches at best the fraction
+# of the peak that cuBLASLt's best FP16 GEMM reaches on an A100 (256.5 of 312 TFLOP/s); no
+# H100 GEMM figure is among the anchors, so the H100 is taken to reach the same fraction.
+# Memory: the middle of the measured HBM ranges (A100 1.61-1.75 of 2.039 TB/s; H200
+# 4.0-4.5 of 4.8 TB/s, the fraction taken for the H100's HBM3 too). A kernel occupies the
+# GPU at least 2.5 us (launch latency to its first instruction, one wave and its tail: a
+# CUDA kernel's launch costs 4-6 us of host time back to back, of which the GPU sees about
+# half, NVIDIA's "Getting Started with CUDA Graphs" and pegainfer's launch-overhead
+# measurements); eager PyTorch spends 5 us of host time per operation (the runtime's launch
+# plus the dispatcher; PyTorch's operator micro-benchmarks time 3.3 us for a Python call of
+# an op that launches nothing). SMs: 132 (H100 SXM), 108 (A100) (the datasheets).
+MATMUL_EFFICIENCY = published.A100_GEMM_PEAK.value / 312e12
+KERNEL_SECONDS, LAUNCH_SECONDS = 2.5e-6, 5e-6
 
 H100_SXM = Device("H100 SXM", bf16_flops=H100_CLUSTER.peak_flops, tf32_flops=494e12,
                   fp32_flops=67e12, memory_bandwidth=3.35e12,
-                  source="NVIDIA H100 Tensor Core GPU datasheet (SXM, dense)")
+                  source="NVIDIA H100 Tensor Core GPU datasheet (SXM, dense)", sms=132,
+                  matmul_efficiency=MATMUL_EFFICIENCY,
+                  memory_efficiency=published.H200_HBM.value / 4.8e12,
+                  kernel_seconds=KERNEL_SECONDS, launch_seconds=LAUNCH_SECONDS)
 A100_SXM = Device("A100 SXM 80GB", bf16_flops=A100_CLUSTER.peak_flops, tf32_flops=156e12,
                   fp32_flops=19.5e12, memory_bandwidth=2.039e12,
-                  source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB, dense)")
+                  source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB, dense)", sms=108,
+                  matmul_efficiency=MATMUL_EFFICIENCY,
+                  memory_efficiency=published.A100_HBM.value / 2.039e12,
+                  kernel_seconds=KERNEL_SECONDS, launch_seconds=LAUNCH_SECONDS)
+
+
+def _fabrics() -> dict[str, Fabric]:
+    """NCCL's constants per link (:mod:`.nccl`). The Simple ring's per-step latency and bus
+    bandwidth go through the two ends of the A100 node's nccl-tests curve; NVLS's through
+    the H200 node's; the H100's ring bandwidth is the ring measurement of NVIDIA/nccl issue
+    1455 with the A100's per-step latency (no mid-size H100 ring figure is published with
+    it). LL: tuning.cc (0.6 us per NVLink step, 2.7 us per network step; llMaxBw 87.7 GB/s
+    Ampere, 141 GB/s Hopper in a node). InfiniBand: NDR 47 GB/s per NIC measured (nccl-tests
+    issue 290), HDR at the same fraction of its 25 GB/s; tuning.cc's 14 us per network step."""
+    a100, h200 = published.A100_ALLREDUCE, published.H200_ALLREDUCE
+    step, ring = nccl.fit_line((a100[0].size, a100[0].value), (a100[-1].size, a100[-1].value),
+                               nccl.steps("all_reduce", 8), nccl.SIMPLE_BASE)
+    nvls_latency, nvls = nccl.fit_line((h200[0].size, h200[0].value),
+                                       (h200[-1].size, h200[-1].value), 1, 0.0)
+    us, gb = 1e-6, 1e9
+    ndr = published.NDR_NIC.value
+    return {
+        "nvlink3": Fabric("NVLink 3 (A100 node)", ring, step, 87.7 * gb, 0.6 * us,
+                          source="AZURE_A100 curve; tuning.cc"),
+        "nvlink4": Fabric("NVLink 4 + NVLS (H100/H200 node)", published.H100_RING_1GB.value,
+                          step, 141 * gb, 0.6 * us, nvls, nvls_latency,
+                          source="NCCL_1455 ring; AZURE_H200 NVLS curve; tuning.cc"),
+        "ndr": Fabric("InfiniBand NDR", ndr, 14 * us, 45 * gb, 2.7 * us,
+                      source="NCCL_TESTS_290; tuning.cc"),
+        "hdr": Fabric("InfiniBand HDR", ndr * 25 / 50, 14 * us, 22.5 * gb, 2.7 * us,
+                      source="NCCL_TESTS_290 scaled to 200 Gb/s; tuning.cc"),
+    }
+
+
+FABRICS = _fabrics()
+_H100 = dict(intra_fabric=FABRICS["nvlink4"], inter_fabric=FABRICS["ndr"])
+_A100 = dict(intra_fabric=FABRICS["nvlink3"], inter_fabric=FABRICS["hdr"])
 
 PRESETS: dict[str, Cluster] = {
     "h100-node": Cluster("8 x H100 SXM per node, NVLink 4, InfiniBand NDR", H100_SXM,
                          NVLINK_H100, INFINIBAND_NDR, H100_CLUSTER.gpus_per_node,
-                         short="H100 + NVLink"),
+                         short="H100 + NVLink", **_H100),
     "a100-node": Cluster("8 x A100 SXM per node, NVLink 3, InfiniBand HDR", A100_SXM,
                          NVLINK_A100, INFINIBAND_HDR, A100_CLUSTER.gpus_per_node,
-                         short="A100 + NVLink"),
+                         short="A100 + NVLink", **_A100),
     # One GPU per node: every message crosses InfiniBand (the "slow network" lesson).
     "h100-ib": Cluster("H100 SXM, one per node, InfiniBand NDR between them", H100_SXM,
-                       NVLINK_H100, INFINIBAND_NDR, 1, short="H100 + InfiniBand"),
+                       NVLINK_H100, INFINIBAND_NDR, 1, short="H100 + InfiniBand", **_H100),
     "a100-ib": Cluster("A100 SXM, one per node, InfiniBand HDR between them", A100_SXM,
-                       NVLINK_A100, INFINIBAND_HDR, 1, short="A100 + InfiniBand"),
+                       NVLINK_A100, INFINIBAND_HDR, 1, short="A100 + InfiniBand", **_A100),
 }
 
 

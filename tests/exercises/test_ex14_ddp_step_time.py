@@ -1,5 +1,6 @@
 """ex14: the step time of bucketed DDP, by hand, against the queue's closed form, and against
-the emulation itself (lecture_lib.emulate: the course's bucketed DDP on 2 emulated H100s).
+the emulation itself (lecture_lib.emulate: the course's bucketed DDP on 2 emulated H100s, with
+the roofline charges whose all-reduce is the ideal ring the exercise models).
 
 The emulated step runs here, in the test's own process (library code only, no submission):
 the student's function only gets its numbers, in the sandbox."""
@@ -9,13 +10,15 @@ import pytest
 
 import lecture_lib
 from lecture_lib import costmodel, emulate
-from lecture_lib.emulate.experiments import ddp_step
+from lecture_lib.data_parallel.emulated import ddp_step
 from lecture_lib.grading import load_exercise
 from lecture_lib.models import GPTConfig
 
 ex = load_exercise("ex14")
 POINTS = 10
-NVLINK = emulate.preset("h100-node").link([0, 1])
+# The lesson's model is the ideal ring: the emulation's roofline charges (alpha-beta rings)
+ROOFLINE = emulate.preset("h100-node", charges="roofline")
+NVLINK = ROOFLINE.link([0, 1])
 A, BETA = 3e-6, 300e9
 # a regime where neither "no overlap" nor Li et al.'s closed form is within 5% (checked below)
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
@@ -112,7 +115,7 @@ def test_bucketed_step_bad_input(bad):
 @pytest.fixture(scope="module")
 def emulated():
     """Rank 0's split of one bucketed DDP step on 2 emulated H100s (one rank launch)."""
-    return lecture_lib.run(ddp_step, 2, "bucketed", CFG, BATCH, 2, BUCKET_MB, "h100-node",
+    return lecture_lib.run(ddp_step, 2, "bucketed", CFG, BATCH, 2, BUCKET_MB, ROOFLINE,
                            timeout=240)[0]
 
 
