@@ -147,3 +147,15 @@ def test_bad_device_constants_are_refused():
                             ({"launch_seconds": math.nan}, ">= 0")):
         with pytest.raises(ValueError, match=message):
             emulate.Device("bad", **base, **change)
+
+
+def test_reshapes_and_metadata_queries_launch_nothing():
+    # a 3-d input through a Linear: matmul runs mm on a flattened view and returns its output
+    # as _unsafe_view (no copy); prim::device is fake tensors' metadata query
+    x, lin = torch.randn(4, 8, 32), torch.nn.Linear(32, 16)
+    with emulate.emulated("h100-node", launch="graphs") as clock:
+        lin(x)
+    a, w = x.view(32, 32), lin.weight.detach().t()
+    with emulate.emulated("h100-node", launch="graphs") as one:
+        torch.addmm(lin.bias.detach(), a, w)
+    _close(clock.now(), one.now())              # one kernel (addmm), not two

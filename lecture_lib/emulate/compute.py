@@ -70,9 +70,11 @@ from torch.utils.flop_counter import (
 )
 
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
-         "lift_fresh", "alias", "set_", "resize_", "_local_scalar_dense"}
+         "lift_fresh", "alias", "set_", "resize_", "_local_scalar_dense", "_unsafe_view",
+         "_reshape_alias"}
 _COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_dtensor"}
-_FREE_NAMESPACES = _COMM_NAMESPACES | {"profiler"}       # record_function markers: no kernel
+# record_function markers and prim's metadata queries (``prim::device``): no kernel
+_FREE_NAMESPACES = _COMM_NAMESPACES | {"profiler", "prim"}
 # In-place operations that overwrite their first argument without reading it.
 _WRITE_ONLY = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_"}
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"}
