@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import launch
+from lecture_lib import emulate, launch
 from lecture_lib import pipeline as pp
 from lecture_lib.costmodel import (
     peak_microbatches,
@@ -414,23 +414,31 @@ def test_bad_unequal_or_emulated_runs_fail_before_any_process_starts(kwargs, mat
 
 
 EMU_CFG = GPTConfig(vocab_size=32, seq_len=32, d_model=64, n_heads=2, n_layers=8)   # 4 x 2 blocks
+# Equal stages need the idealised charges at this size. Under the calibrated default every
+# kernel here is launch-bound (5 us of host time each, longer than the kernel), so a stage's
+# time counts its operations: the last stage's head and loss add about as many operations as
+# a block, and stages of two blocks each are unequal. A model where the blocks' FLOPs dominate
+# would cost minutes of CPU; the roofline charges each stage its FLOPs and bytes alone. There a
+# stage of 32 sequences computes for about four times a message's 4 us (mostly NVLink latency).
+ROOFLINE = emulate.preset("a100-node", charges="roofline")
 
 
 def _emulated_and_plain(cfg, batch):
-    """The same 1F1B steps without and with the emulation (twice), and an unequal split."""
+    """The same 1F1B steps without and with the emulation (twice, calibrated), and with the
+    idealised charges on an equal and an unequal split."""
     s = pp.make_schedule("1f1b", 4, 4)
     run = lambda **kw: pp.train_stage(s, cfg, batch, 1, optimizer="sgd", lr=LR,  # noqa: E731
                                       activations=False, **kw)
     return {"plain": run(), "emulated": run(preset="a100-node"),
-            "again": run(preset="a100-node"), "unequal": run(preset="a100-node",
-                                                             layers=(1, 1, 1, 5))}
+            "again": run(preset="a100-node"), "equal": run(preset=ROOFLINE),
+            "unequal": run(preset=ROOFLINE, layers=(1, 1, 1, 5))}
 
 
 def test_emulated_pipeline_is_bit_identical_deterministic_and_shows_the_bubble():
     """One 1F1B step (p=4, m=4) in plain and emulated time. The model is small, so a message
     costs a large share of a stage here (notebook 06 measures a model where it does not):
     only what holds at any ratio is asserted, and the simulator's account of it."""
-    results = lecture_lib.run(_emulated_and_plain, 4, EMU_CFG, 32, timeout=180)
+    results = lecture_lib.run(_emulated_and_plain, 4, EMU_CFG, 128, timeout=180)
     runs = {k: pp.merge(pp.make_schedule("1f1b", 4, 4), [r[k] for r in results])
             for k in results[0]}
     plain, emu = runs["plain"], runs["emulated"]
@@ -440,12 +448,15 @@ def test_emulated_pipeline_is_bit_identical_deterministic_and_shows_the_bubble()
     assert plain.time_kind == "real" and emu.time_kind == "emulated A100 + NVLink"
     assert emu.timelines == runs["again"].timelines                   # virtual time: the same
     assert emu.latencies == runs["again"].latencies and emu.latencies[-1] > 0
-    equal, unequal = pp.bubble_report(emu), pp.bubble_report(runs["unequal"])
-    for rep in (equal, unequal):
+    calibrated, equal, unequal = (pp.bubble_report(runs[k])
+                                  for k in ("emulated", "equal", "unequal"))
+    for rep in (calibrated, equal, unequal):
         assert rep["bubble"] >= rep["theory"] - 1e-9                  # nothing beats the formula
         assert rep["bubble"] >= rep["formula_bubble"] - 1e-9          # messages only add time
         assert rep["step_s"] >= rep["formula_step_s"] * (1 - 1e-9)
         assert abs(rep["bubble"] - rep["simulated"]) <= 0.01, rep     # costs + messages explain it
+    # calibrated: launch-bound kernels, the head and loss make the last stage the slowest
+    assert calibrated["stage_times"][-1] > 1.1 * max(calibrated["stage_times"][:-1])
     assert max(equal["stage_times"]) < 1.1 * min(equal["stage_times"])
     assert unequal["stage_times"][-1] > 4 * unequal["stage_times"][0]
     assert unequal["formula_bubble"] > equal["formula_bubble"] + 0.15
