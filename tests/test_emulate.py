@@ -329,7 +329,7 @@ def test_timer_wall_time_and_stamp_report_emulated_time():
         timer = metrics.Timer()
         with timer("compute"), metrics.wall_time() as t:
             a @ a
-        assert timer.time_kind == t.time_kind == "emulated H100 + NVLink"
+        assert timer.time_kind == t.time_kind == "emulated H100 + NVLink, roofline"
     expected = 2 * 1024 ** 3 / H100.device.tf32_flops
     _close(timer.totals["compute"], expected)
     _close(t.seconds, expected)

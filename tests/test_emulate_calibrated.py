@@ -159,3 +159,11 @@ def test_reshapes_and_metadata_queries_launch_nothing():
     with emulate.emulated("h100-node", launch="graphs") as one:
         torch.addmm(lin.bias.detach(), a, w)
     _close(clock.now(), one.now())              # one kernel (addmm), not two
+
+
+def test_a_label_names_charges_that_are_not_the_default():
+    assert emulate.label("h100-node") == "emulated H100 + NVLink"
+    assert emulate.label(emulate.preset("h100-node", launch="graphs")) == \
+        "emulated H100 + NVLink, CUDA graphs"
+    assert emulate.label(emulate.preset("a100-ib", charges="roofline")) == \
+        "emulated A100 + InfiniBand, roofline"

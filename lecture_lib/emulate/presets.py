@@ -167,7 +167,11 @@ class Cluster:
         return self.intra if len(nodes) <= 1 else self.inter
 
     def label(self) -> str:
-        return self.short or self.name
+        """E.g. "H100 + NVLink", with the charges named where they are not the default:
+        "H100 + NVLink, CUDA graphs", "H100 + NVLink, roofline"."""
+        notes = ["roofline" if not self.calibrated else None,
+                 "CUDA graphs" if self.calibrated and self.launch == "graphs" else None]
+        return ", ".join([self.short or self.name] + [n for n in notes if n])
 
     def collective_seconds(self, kind: str, nbytes: float, ranks) -> float:
         """Seconds of one collective of ``kind`` over these global ranks: NCCL's fastest
