@@ -167,3 +167,17 @@ def test_a_label_names_charges_that_are_not_the_default():
         "emulated H100 + NVLink, CUDA graphs"
     assert emulate.label(emulate.preset("a100-ib", charges="roofline")) == \
         "emulated A100 + InfiniBand, roofline"
+
+
+def test_a_weight_gradient_is_split_along_k_when_its_output_has_few_tiles():
+    # 256 x 16384 @ 16384 x 256: 4 output tiles for 132 SMs, split 33 ways along k: every SM busy
+    a = torch.empty(256, 16384, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(16384, 256, dtype=torch.bfloat16, device="meta")
+    seconds, flops, nbytes = emulate.op_cost(torch.ops.aten.mm.default, (a, b), {}, a @ b, H100)
+    rate = D.bf16_flops * D.matmul_efficiency
+    bandwidth = D.memory_bandwidth * D.memory_efficiency
+    _close(seconds, D.kernel_seconds + max(flops / rate, nbytes / bandwidth))
+    # a short k cannot be split: 4 tiles of 132 SMs busy
+    a, b = a[:, :256], b[:256]
+    seconds, flops, _ = emulate.op_cost(torch.ops.aten.mm.default, (a, b), {}, a @ b, H100)
+    _close(seconds, D.kernel_seconds + flops / (rate * 4 / 132))

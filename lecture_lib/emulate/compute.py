@@ -13,7 +13,9 @@ rank's compute stream. Each operation is one kernel, charged on a roofline
   efficiencies are the best a measured kernel reaches (cuBLASLt's best GEMM,
   a STREAM-like copy); ``waves`` is the wave quantisation of a matmul: its
   output is cut into 128 x 128 tiles, one per SM at a time, and the last wave
-  of tiles leaves SMs idle (1024^3 on an A100: 64 tiles on 108 SMs, 59% busy).
+  of tiles leaves SMs idle (1024^3 on an A100: 64 tiles on 108 SMs, 59% busy);
+  an output of fewer tiles than SMs is also split along the shared dimension
+  (split-K), as cuBLAS does for a weight gradient's small output.
 * ``kernel`` is the least time a kernel occupies the GPU, and in eager mode
   the host spends ``launch`` seconds per operation: the stream cannot start a
   kernel before the host has launched it, so a small model is *launch-bound*
@@ -124,10 +126,16 @@ def attention_flops(func, args, kwargs) -> tuple[float, int]:
     return float(flops), math.prod(q.shape[:-2]) * -(-q.shape[-2] // TILE)
 
 
-def matmul_tiles(out) -> int:
-    """128 x 128 output tiles of a matmul (times its batch)."""
+def matmul_tiles(out, k: int, sms: int) -> int:
+    """Work units of a matmul: its 128 x 128 output tiles (times its batch), each split
+    along ``k`` (split-K, as cuBLAS does when there are fewer tiles than SMs) into at most
+    ``ceil(sms / tiles)`` pieces of at least 256 of ``k``; the partial sums' reduction is
+    not charged."""
     shape = out.shape
-    return math.prod(shape[:-2]) * -(-shape[-2] // TILE) * -(-shape[-1] // TILE)
+    tiles = math.prod(shape[:-2]) * -(-shape[-2] // TILE) * -(-shape[-1] // TILE)
+    if 0 < tiles < sms:
+        tiles *= max(1, min(-(-sms // tiles), k // (2 * TILE)))
+    return tiles
 
 
 class OpInfo:
@@ -231,7 +239,10 @@ class Charges:
             flops, tiles = attention_flops(func, args, kwargs)
         else:
             flops = info.count(args, kwargs, out)
-            tiles = matmul_tiles(outputs[0]) if info.matmul and outputs else 0
+            tiles = 0
+            if info.matmul and outputs and self.sms:
+                a = args[1] if info.name in ("addmm", "baddbmm", "addbmm") else args[0]
+                tiles = matmul_tiles(outputs[0], a.shape[-1], self.sms)
         ref = outputs[0] if outputs else (inputs[0] if inputs else None)
         compute = 0.0
         if flops:
