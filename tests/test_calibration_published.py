@@ -1,0 +1,55 @@
+"""The calibration table (lecture_lib.calibration.published): the emulation against published
+GPU measurements (lecture_lib.emulate.published). Fitted anchors must be reproduced, checks the
+constants never saw must agree within the tolerances notebook 02b asserts."""
+import time
+
+import pytest
+
+from lecture_lib.calibration import published
+from lecture_lib.emulate import published as P
+
+FITTED_TOLERANCE, CHECK_TOLERANCE, MEDIAN_TOLERANCE = 0.03, 0.15, 0.10
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """The table without the llm.c step (pure and fast: formulas and meta tensors)."""
+    return published.table([a for a in P.ANCHORS if a is not P.LLMC_STEP])
+
+
+def test_one_row_per_anchor_with_its_source(rows):
+    assert [r["anchor"] for r in rows] == [a.key for a in P.ANCHORS if a is not P.LLMC_STEP]
+    for r in rows:
+        assert r["published"] > 0 and r["emulated"] > 0
+        assert r["error"] == pytest.approx(r["emulated"] / r["published"] - 1)
+        assert r["fitted"] == (r["anchor"] in P.FITTED)
+        assert r["source"] in P.__doc__                   # every source is cited
+
+
+def test_fitted_anchors_are_reproduced(rows):
+    fitted = [r for r in rows if r["fitted"]]
+    assert len(fitted) == len(P.FITTED)                  # every fitted anchor is in the table
+    bad = {r["anchor"]: r["error"] for r in fitted if abs(r["error"]) > FITTED_TOLERANCE}
+    assert not bad, bad
+
+
+def test_checks_agree(rows):
+    checks = [r for r in rows if not r["fitted"]]
+    assert checks
+    bad = {r["anchor"]: r["error"] for r in checks if abs(r["error"]) > CHECK_TOLERANCE}
+    assert not bad, bad
+    summary = published.summary(rows)
+    assert summary["checks"] == len(checks)
+    assert summary["median"] <= MEDIAN_TOLERANCE
+    assert summary["worst"] == max(abs(r["error"]) for r in checks)
+
+
+@pytest.mark.slow
+def test_llmc_gpt2_step():
+    """llm.c's GPT-2 124M step on 8 H100s, emulated in the dry-run mode: a check of everything."""
+    start = time.perf_counter()
+    seconds = published.llmc_step_seconds()
+    wall = time.perf_counter() - start
+    assert wall < 120, f"the dry-run step took {wall:.0f} s of real time"
+    error = seconds / P.LLMC_STEP.value - 1
+    assert abs(error) <= CHECK_TOLERANCE, f"emulated {seconds * 1e3:.1f} ms ({error:+.1%})"
