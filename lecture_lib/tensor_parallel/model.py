@@ -25,7 +25,9 @@ from .loss import vocab_parallel_cross_entropy
 
 def _replicated(module: nn.Module, sequence_parallel: bool) -> nn.Module:
     """A copy of ``module`` on every rank (layer norms, position embedding)."""
-    out = copy.deepcopy(module).to(rank_device())
+    out, device = copy.deepcopy(module), rank_device()
+    if any(p.device != device for p in out.parameters()):   # (moving a fake module fails)
+        out = out.to(device)
     for p in out.parameters():
         p.tp_dim = None
         if sequence_parallel:
