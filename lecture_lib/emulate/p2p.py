@@ -13,19 +13,22 @@ A receive does not occupy the receiver's stream (links are full duplex).
 ``batch_isend_irecv`` runs each operation as an emulated ``isend``/``irecv``
 (a gloo process group does not coalesce them either). ``irecv`` from any
 source is refused: the emulation must know the sender to charge the link.
+
+A send starts when its data is ready and the comm stream is done with what
+this rank knows: asynchronous collectives whose start the ranks have not
+agreed yet (:mod:`.comm`) do not delay it (agreeing there would be a
+collective that the receiver, waiting in its receive, never joins). With one
+agreement per collective only the last was ever pending, so a send issued
+while two or more are pending now starts earlier than it did. In the dry
+run the data is not sent (fake tensors have none) but the stamps are, as
+real tensors: the receiver's clock is the same as in a real run.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .comm import ORIGINAL, SIGNATURE, EmulatedWork, Once, State, nbytes_of
-
-
-def _args(name: str, args, kwargs) -> dict:
-    bound = SIGNATURE[name].bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+from .comm import ORIGINAL, EmulatedWork, Once, State, arguments, nbytes_of
 
 
 def _peer(a: dict, key: str) -> int | None:
@@ -42,26 +45,37 @@ def _stamp_kwargs(a: dict, key: str) -> dict:
             f"group_{key}": a[f"group_{key}"]}
 
 
+def _data(state: State, name: str, a: dict, key: str):
+    """The real message (none in the dry run: fake tensors have no data)."""
+    if state.dry_run:
+        return None
+    with state.real():
+        return ORIGINAL[name](a["tensor"], **_stamp_kwargs(a, key))
+
+
 def _send(state: State, a: dict, asynchronous: bool):
     clock = state.clock
     peer, n = _peer(a, "dst"), nbytes_of(a["tensor"])
     start = max(clock.compute, clock.comm)
     end = start + state.cluster.p2p_seconds(n, [state.rank, peer])
-    stamp = torch.tensor([start], dtype=torch.float64)
-    stamp_work = ORIGINAL["isend"](stamp, **_stamp_kwargs(a, "dst"))
+    with state.real():
+        stamp = torch.tensor([start], dtype=torch.float64)
+        stamp_work = ORIGINAL["isend"](stamp, **_stamp_kwargs(a, "dst"))
     clock.comm_span(f"send to {peer}", start, end, n, kind="send")
     if not asynchronous:
-        ORIGINAL["send"](a["tensor"], **_stamp_kwargs(a, "dst"))
-        stamp_work.wait()
+        _data(state, "send", a, "dst")
+        with state.real():
+            stamp_work.wait()
         clock.wait_until(end)
         return None
-    work = ORIGINAL["isend"](a["tensor"], **_stamp_kwargs(a, "dst"))
+    work = _data(state, "isend", a, "dst")
     return EmulatedWork([stamp_work, work], state, lambda: end)
 
 
 def _arrival(state: State, a: dict, peer: int, stamp: torch.Tensor, issue: float) -> float:
     n = nbytes_of(a["tensor"])
-    start = float(stamp.item())
+    with state.real():
+        start = float(stamp.item())
     arrival = start + state.cluster.p2p_seconds(n, [state.rank, peer])
     done = max(issue, arrival)
     state.clock.comm_span(f"recv from {peer}", max(issue, start), done, n, occupy=False,
@@ -72,37 +86,40 @@ def _arrival(state: State, a: dict, peer: int, stamp: torch.Tensor, issue: float
 def _recv(state: State, a: dict, asynchronous: bool):
     clock = state.clock
     issue, peer = clock.compute, _peer(a, "src")
-    stamp = torch.zeros(1, dtype=torch.float64)
-    if not asynchronous:
-        sender = ORIGINAL["recv"](stamp, **_stamp_kwargs(a, "src"))
-        peer = sender if peer is None else peer
-        a = {**a, "src": peer, "group_src": None}
-        source = ORIGINAL["recv"](a["tensor"], **_stamp_kwargs(a, "src"))
-        clock.wait_until(_arrival(state, a, peer, stamp, issue))
-        return source
-    if peer is None:
+    if asynchronous and peer is None:
         raise ValueError("emulated irecv needs its source (src or group_src): the emulation "
                          "charges the link between the two ranks")
-    stamp_work = ORIGINAL["irecv"](stamp, **_stamp_kwargs(a, "src"))
-    work = ORIGINAL["irecv"](a["tensor"], **_stamp_kwargs(a, "src"))
-    return EmulatedWork([stamp_work, work], state,
-                        Once(state, lambda: _arrival(state, a, peer, stamp, issue)))
+    with state.real():
+        stamp = torch.zeros(1, dtype=torch.float64)
+        if asynchronous:
+            stamp_work = ORIGINAL["irecv"](stamp, **_stamp_kwargs(a, "src"))
+        else:
+            sender = ORIGINAL["recv"](stamp, **_stamp_kwargs(a, "src"))
+    if asynchronous:
+        work = _data(state, "irecv", a, "src")
+        return EmulatedWork([stamp_work, work], state,
+                            Once(state, lambda: _arrival(state, a, peer, stamp, issue)))
+    peer = sender if peer is None else peer
+    a = {**a, "src": peer, "group_src": None}
+    source = _data(state, "recv", a, "src")
+    clock.wait_until(_arrival(state, a, peer, stamp, issue))
+    return peer if source is None else source
 
 
 def send(state, name, args, kwargs):
-    return _send(state, _args(name, args, kwargs), asynchronous=False)
+    return _send(state, arguments(name, args, kwargs), asynchronous=False)
 
 
 def isend(state, name, args, kwargs):
-    return _send(state, _args(name, args, kwargs), asynchronous=True)
+    return _send(state, arguments(name, args, kwargs), asynchronous=True)
 
 
 def recv(state, name, args, kwargs):
-    return _recv(state, _args(name, args, kwargs), asynchronous=False)
+    return _recv(state, arguments(name, args, kwargs), asynchronous=False)
 
 
 def irecv(state, name, args, kwargs):
-    return _recv(state, _args(name, args, kwargs), asynchronous=True)
+    return _recv(state, arguments(name, args, kwargs), asynchronous=True)
 
 
 def _is_send(op) -> bool:
@@ -115,7 +132,7 @@ def _is_send(op) -> bool:
 
 
 def batch_isend_irecv(state, name, args, kwargs):
-    ops = _args(name, args, kwargs)["p2p_op_list"]
+    ops = arguments(name, args, kwargs)["p2p_op_list"]
     works = []
     for op in ops:
         key = "dst" if _is_send(op) else "src"

@@ -12,7 +12,30 @@ Inside the block every ATen operation is charged by :mod:`.compute`, every
 on exit the wrapped functions are restored (the launcher's warm workers are
 reused by the next call). Results are bit-identical to the run without the
 block: nothing is changed, only timed. Turn it on once per rank and around
-the whole program that communicates (all ranks of a group must be emulated).
+the whole program that communicates (all ranks of a group must be emulated,
+and must wait for their asynchronous collectives at the same places: see
+:mod:`.comm`).
+
+The dry run: models of real size without computing them
+-------------------------------------------------------
+Emulated time depends only on shapes, sizes and the order of operations,
+never on values; so it can be read from a program that computes nothing.
+``emulated(spec, dry_run=True)`` runs the block on *fake tensors* (torch's
+``FakeTensorMode``: a tensor with a shape, a dtype and no data; each
+operation only works out its output's shape). The compute mode sits above
+the fake mode, so it sees and charges every operation exactly as in a real
+run; collectives and messages skip their data and still agree on times with
+the other ranks (:mod:`.comm`). A GPT-3 175B layer on 8 tensor-parallel
+ranks takes seconds per rank, and reads the emulated time a real run would.
+
+What the program must do: create its model and data *inside* the block (a
+tensor made before it is real: it is read as a fake of its shape, but a real
+model's gradients cannot be fake), and let no decision depend on a value:
+``.item()``, ``if loss > 0``, ``print(x)`` of a fake tensor fail (the dry run
+suits programs whose control flow depends on shapes only, as training steps
+do). In torch 2.13 ``module.to(device)`` of a fake module fails (pytorch
+issue 148977): build it on its device. Return numbers, not tensors:
+:func:`run` turns fake tensors in the result into ``meta`` tensors.
 
 Not emulated: torch's own ``DistributedDataParallel`` and ``fully_shard``
 (FSDP2) and DTensor issue their collectives from C++ or through functional
@@ -20,71 +43,174 @@ collectives, which these wrappers do not see: compare them in real time only.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import sys
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.utils._pytree import tree_map_only
 
 from .. import launch
 from . import p2p
 from .clock import _ACTIVE, Clock, current
-from .comm import COLLECTIVES, ORIGINAL, State, _collective, install, uninstall, wrap
+from .comm import COLLECTIVES, ORIGINAL, State, _collective
 from .compute import ComputeMode
 from .presets import Cluster
 from .presets import preset as make_preset
 
 
+def check_dry_run(dry_run) -> bool:
+    if not isinstance(dry_run, bool):
+        raise TypeError(f"dry_run must be True or False, not {dry_run!r}")
+    return dry_run
+
+
+class DryRunCompute(ComputeMode):
+    """The compute mode over fake tensors: an operation that needs a value says so in words."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise RuntimeError(
+                f"the dry run has no values, and {func} needs one (.item(), a branch on a "
+                "tensor, a shape that depends on values): a dry run suits programs whose "
+                "control flow depends on shapes only") from e
+
+
 @contextmanager
-def emulated(spec: str | Cluster = "h100-node", **changes):
+def emulated(spec: str | Cluster = "h100-node", *, dry_run: bool = False, **changes):
     """Run the block in the virtual time of ``spec`` (a preset name or a :class:`Cluster`).
 
-    ``changes`` override the preset's fields (``fp32="tf32"``, ``gpus_per_node=4``).
-    Yields this rank's :class:`~.clock.Clock`.
+    ``changes`` override the preset's fields (``fp32="tf32"``, ``gpus_per_node=4``);
+    ``dry_run=True`` runs the block on fake tensors (see above). Yields this
+    rank's :class:`~.clock.Clock`.
     """
+    check_dry_run(dry_run)
     cluster = make_preset(spec, **changes)
     if current() is not None:
         raise RuntimeError("the emulation is already on in this process")
     clock = Clock(label=cluster.label())
-    state = State(clock, cluster)
+    state = State(clock, cluster, dry_run)
     wrappers = {name: wrap(state, name, _collective) for name in COLLECTIVES if name in ORIGINAL}
     wrappers.update({name: wrap(state, name, body) for name, body in p2p.BODIES.items()})
     undo = install(wrappers)
     _ACTIVE.append(clock)
     ok = False
     try:
-        with ComputeMode(clock, cluster, state):
+        with ExitStack() as modes:
+            if dry_run:                  # outside the compute mode: it sees each op first
+                modes.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            modes.enter_context((DryRunCompute if dry_run else ComputeMode)(
+                clock, cluster, state))
             yield clock
             with state.quiet():
                 clock.resolve()
         ok = True
     finally:
-        if not ok:
-            clock._pending.clear()       # a failed rank must not wait for its peers' clocks
+        if not ok:                       # a failed rank must not wait for its peers' clocks
+            clock._pending.clear()
+            state.clear()
         uninstall(undo)
         _ACTIVE.remove(clock)
 
+
+# ----------------------------------------------------------------------------
+# Installing the wrappers
+# ----------------------------------------------------------------------------
+
+def wrap(state: State, name: str, body):
+    """The function installed for ``name``: emulated at depth 0, the original inside."""
+    original = ORIGINAL[name]
+
+    def wrapper(*args, **kwargs):
+        if state.depth > 0:
+            return original(*args, **kwargs)
+        state.depth += 1
+        try:
+            return body(state, name, args, kwargs)
+        finally:
+            state.depth -= 1
+
+    wrapper.__name__ = wrapper.__qualname__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+_HOMES = ("lecture_lib", "solutions", "exercises", "examples", "__main__")
+_INSIDE = tuple(f"{home}." for home in _HOMES)
+
+
+def _homes() -> list:
+    """Modules that may hold their own reference to a torch.distributed function."""
+    return [m for name, m in list(sys.modules.items())
+            if m is not None and (name in _HOMES or name.startswith(_INSIDE))]
+
+
+def install(wrappers: dict) -> list:
+    """Replace the functions in torch.distributed and in the course's modules; return undo."""
+    undo = []
+    by_id = {id(f): name for name, f in ORIGINAL.items()}
+    for module in [dist, c10d] + _homes():
+        for attr, value in list(vars(module).items()):
+            name = by_id.get(id(value))
+            if name is not None and name in wrappers:
+                undo.append((module, attr, value))
+                setattr(module, attr, wrappers[name])
+    return undo
+
+
+def uninstall(undo: list) -> None:
+    for module, attr, value in reversed(undo):
+        setattr(module, attr, value)
+
+
+# ----------------------------------------------------------------------------
+# Every rank at once
+# ----------------------------------------------------------------------------
 
 @dataclass
 class EmulatedResult:
     """What one rank returned, and its clock (``clock.now()``, ``clock.spans``, ...)."""
     result: object
     clock: Clock
+    dry_run: bool = False
 
 
-def _rank_main(fn, cluster, args, kwargs):
-    with emulated(cluster) as clock:
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _rank_main(fn, cluster, dry_run, args, kwargs):
+    with emulated(cluster, dry_run=dry_run) as clock:
         result = fn(*args, **kwargs)
-    return EmulatedResult(result, clock)
+    if dry_run:                          # fake tensors cannot leave the rank: their shapes can
+        result = tree_map_only(FakeTensor, _meta, result)
+    return EmulatedResult(result, clock, dry_run)
 
 
 def run(fn, world_size: int, *args, preset: str | Cluster = "h100-node",
-        backend: str = "auto", timeout: float | None = None, **kwargs) -> list[EmulatedResult]:
-    """``lecture_lib.run(fn, world_size, *args, **kwargs)`` with every rank emulated.
+        backend: str = "auto", timeout: float | None = None, dry_run: bool = False,
+        **kwargs) -> list[EmulatedResult]:
+    """``lecture_lib.run(fn, world_size, *args, **kwargs)`` with every rank emulated
+    (``dry_run=True``: on fake tensors, see above).
 
-    The preset is checked here, before any process starts. Returns one
-    :class:`EmulatedResult` per rank.
+    The preset and ``dry_run`` are checked here, before any process starts.
+    Returns one :class:`EmulatedResult` per rank.
     """
+    check_dry_run(dry_run)
     cluster = make_preset(preset)
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     extra = {} if timeout is None else {"timeout": timeout}
-    return launch.run(_rank_main, world_size, fn, cluster, args, kwargs, backend=backend,
-                      **extra)
+    return launch.run(_rank_main, world_size, fn, cluster, dry_run, args, kwargs,
+                      backend=backend, **extra)
