@@ -28,9 +28,11 @@ SETUP  ?= setup
 RELEASE_DIR ?= build/release
 # The tests only the instructor's checkout can run: the exercises' tests against solutions/ (the
 # release runs them against the stubs), and the tests the release leaves out (SKIP_TESTS in
-# lecture_lib/grading/release.py; tests/test_release.py checks that the two lists agree).
-INSTRUCTOR_TESTS := tests/exercises \
-	$(wildcard tests/test_grading*.py tests/test_gradescope.py tests/test_release.py)
+# lecture_lib/grading/release.py; tests/test_release.py checks that the two lists agree). In
+# this order: pytest-xdist hands out the grader's long tests (30-60 s each) first, and the
+# exercises' shorter ones fill both workers to the end.
+INSTRUCTOR_TESTS := $(wildcard tests/test_grading*.py tests/test_gradescope.py tests/test_release.py) \
+	tests/exercises
 # In a release, an exercise's tests are skipped (saying so) while its file is the unwritten stub.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p lecture_lib.grading.release
 

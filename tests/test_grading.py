@@ -113,20 +113,3 @@ def test_bad_path_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="exNN_topic.py"):
         grading.grade(tmp_path / "notes.py")
 
-
-def test_release_has_stubs_library_and_tests_but_no_solutions(tmp_path):
-    from lecture_lib import release  # noqa: PLC0415  the module under test, imported where used
-
-    private = tmp_path / "private_tests"
-    private.mkdir()
-    (private / "test_ex00_secret.py").write_text("def test_secret():\n    pass\n")
-    files = release.release(tmp_path / "out", private=[private])
-    assert not any(f.startswith("solutions") for f in files)
-    assert not any("test_grading" in f or "tamper" in f or "secret" in f for f in files)
-    for ex in exercises.EXERCISES.glob("ex*.py"):
-        assert f"exercises/{ex.name}" in files
-        assert f"tests/exercises/test_{exercises.exercise_id(ex)}" in " ".join(files)
-    assert "lecture_lib/grading/harness.py" in files and "README.md" in files
-    assert any(f.startswith("notebooks/") for f in files)
-    with pytest.raises(ValueError, match="not empty"):
-        release.release(tmp_path / "out")

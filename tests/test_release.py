@@ -71,6 +71,16 @@ def test_the_release_holds_the_course_and_not_the_answers(built):
     assert left and all(any(Path(f).match(p) for p in rel.SKIP_TESTS) for f in left), left
 
 
+def test_a_private_folder_is_left_out_even_inside_a_copied_one():
+    """``release(..., private=[DIR])`` (``--private DIR``): DIR is refused wherever it sits,
+    here tests/exercises/, which is otherwise copied."""
+    tests = ROOT / "tests"
+    names = sorted(p.name for p in tests.iterdir())
+    assert "exercises" in names and "exercises" not in rel._ignore([])(str(tests), names)
+    skipped = rel._ignore([tests / "exercises"])(str(tests), names)
+    assert "exercises" in skipped and "conftest.py" not in skipped
+
+
 def test_the_makefile_lists_the_tests_the_release_leaves_out(built):
     """What the release does not ship runs in the checkout's `make test` (INSTRUCTOR_TESTS),
     with the exercises' tests against solutions/: no test is left out of CI."""
