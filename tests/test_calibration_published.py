@@ -1,7 +1,6 @@
 """The calibration table (lecture_lib.calibration.published): the emulation against published
 GPU measurements (lecture_lib.emulate.published). Fitted anchors must be reproduced, checks the
 constants never saw must agree within the tolerances notebook 02b asserts."""
-import time
 
 import pytest
 
@@ -44,12 +43,5 @@ def test_checks_agree(rows):
     assert summary["worst"] == max(abs(r["error"]) for r in checks)
 
 
-@pytest.mark.slow
-def test_llmc_gpt2_step():
-    """llm.c's GPT-2 124M step on 8 H100s, emulated in the dry-run mode: a check of everything."""
-    start = time.perf_counter()
-    seconds = published.llmc_step_seconds()
-    wall = time.perf_counter() - start
-    assert wall < 120, f"the dry-run step took {wall:.0f} s of real time"
-    error = seconds / P.LLMC_STEP.value - 1
-    assert abs(error) <= CHECK_TOLERANCE, f"emulated {seconds * 1e3:.1f} ms ({error:+.1%})"
+# The end-to-end row (llm.c's GPT-2 step on 8 emulated H100s, about a minute of 8 dry-run ranks)
+# is asserted with every other check in notebook 02b's calibration table, which CI runs.
