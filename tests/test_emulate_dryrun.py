@@ -34,7 +34,7 @@ def _ddp_step(cfg, batch, variant):
     """One DDP step; the model and the data are made inside the block (fake in a dry run)."""
     x = torch.randint(cfg.vocab_size, (batch, cfg.seq_len),
                       generator=torch.Generator().manual_seed(dist.get_rank()))
-    model = GPT(cfg, seed=0)
+    model = GPT(cfg, seed=0).to(lecture_lib.device())          # moving a fake model works too
     ddp = DP.DDPBucketed(model, 0.05) if variant == "bucketed" else DP.DDPFlat(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = lm_loss(ddp(x), x)
@@ -45,12 +45,11 @@ def _ddp_step(cfg, batch, variant):
 
 
 def _tensor_parallel_layer(cfg, batch):
-    """A transformer layer's split parts: attention by heads, the MLP by columns then rows."""
-    block = Block(cfg)
-    attn, mlp = TP.ParallelSelfAttention(block.attn), TP.ParallelMLP(block.mlp)
+    """The course's tensor-parallel transformer layer (its layer norms deep-copied to every
+    rank), forward and backward."""
+    layer = TP.ParallelBlock(Block(cfg))
     x = torch.randn(batch, cfg.seq_len, cfg.d_model, requires_grad=True)
-    y = x + attn(block.ln1(x))
-    (y + mlp(block.ln2(y))).square().mean().backward()
+    layer(x).square().mean().backward()
     return x.grad
 
 

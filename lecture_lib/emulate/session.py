@@ -33,8 +33,8 @@ tensor made before it is real: it is read as a fake of its shape, but a real
 model's gradients cannot be fake), and let no decision depend on a value:
 ``.item()``, ``if loss > 0``, ``print(x)`` of a fake tensor fail (the dry run
 suits programs whose control flow depends on shapes only, as training steps
-do). In torch 2.13 ``module.to(device)`` of a fake module fails (pytorch
-issue 148977): build it on its device. Return numbers, not tensors:
+do). ``model.to(device)`` and ``copy.deepcopy`` of a fake model work (two
+torch quirks are worked around below). Return numbers, not tensors:
 :func:`run` turns fake tensors in the result into ``meta`` tensors.
 
 Not emulated: torch's own ``DistributedDataParallel`` and ``fully_shard``
@@ -54,6 +54,7 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
+    FakeTensorConverter,
     FakeTensorMode,
 )
 from torch.utils._pytree import tree_map_only
@@ -71,6 +72,29 @@ def check_dry_run(dry_run) -> bool:
     if not isinstance(dry_run, bool):
         raise TypeError(f"dry_run must be True or False, not {dry_run!r}")
     return dry_run
+
+
+class FreshFakes(FakeTensorConverter):
+    """Fake tensors for an operation's fresh outputs, not remembered: torch 2.13's
+    ``Module.to`` swaps a fake parameter for its copy (``swap_tensors``), which refuses a
+    tensor a weak reference points to, and the converter's memo keeps one to every fake
+    output (pytorch issues 148977, 170781), so ``model.to(device)`` failed by chance. A
+    fresh output is never looked up again: forgetting it changes nothing."""
+
+    def from_meta_and_device(self, fake_mode, t, device, pytype=None, dispatch_keys=None):
+        return FakeTensor(fake_mode, t, device, pytype=pytype, dispatch_keys=dispatch_keys)
+
+
+class DryRunFakes(FakeTensorMode):
+    """The dry run's fake mode: a tensor made before the block reads as a fake of its shape;
+    ``copy.deepcopy`` of a fake tensor keeps it in this mode (torch copied the mode too)."""
+
+    def __init__(self):
+        super().__init__(allow_non_fake_inputs=True)
+        self.fake_tensor_converter = FreshFakes(copy_data=self.propagate_real_tensors)
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 class DryRunCompute(ComputeMode):
@@ -108,7 +132,7 @@ def emulated(spec: str | Cluster = "h100-node", *, dry_run: bool = False, **chan
     try:
         with ExitStack() as modes:
             if dry_run:                  # outside the compute mode: it sees each op first
-                modes.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                modes.enter_context(DryRunFakes())
             modes.enter_context((DryRunCompute if dry_run else ComputeMode)(
                 clock, cluster, state))
             yield clock
