@@ -6,11 +6,11 @@ function on N ranks (one OS process each) and returns their results.
 """
 import sys
 
-from .launch import RankError, RankTimeout, device, run, shutdown
+from .runtime import RankError, RankTimeout, device, run, shutdown
 
 __all__ = ["run", "RankError", "RankTimeout", "device", "shutdown"]
 
 if "IPython" in sys.modules:                 # in a notebook or IPython: %%ranks is ready
-    from . import magic
+    from .runtime import magic
 
     magic.register_if_in_ipython()

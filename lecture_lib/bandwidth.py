@@ -20,9 +20,9 @@ import torch.distributed as dist
 from .collectives import naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .comm import all_gather_single, reduce_scatter_single
 from .costmodel import bus_factor, fit_alpha_beta
-from .launch import device, run
 from .metrics import wall_time
 from .progress import progress
+from .runtime import device, run
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 IMPLS = ("torch", "ring", "naive")

@@ -24,22 +24,18 @@ group), for any tensor size (chunks differ by at most one element when the
 size is not divisible by ``p``), and reduces with ``op="sum"`` or ``"avg"``.
 
 :func:`bandwidth_sweep` and :func:`fit_sweep` (the benchmark that times
-these against torch's, nccl-tests' way) live in :mod:`lecture_lib.bandwidth`;
-``collectives.bandwidth_sweep`` still finds them.
+these against torch's, nccl-tests' way) live in :mod:`lecture_lib.bandwidth`,
+which imports this module.
 """
 from __future__ import annotations
-
-import importlib
 
 import torch
 import torch.distributed as dist
 
 from .comm import group_info
-from .launch import device
+from .runtime import device
 
 OPS = ("sum", "avg")
-_BENCHMARK = ("bandwidth_sweep", "measure_bandwidth", "fit_sweep", "KINDS",   # in .bandwidth
-              "IMPLS")
 _SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -224,9 +220,3 @@ def all_to_all(chunks: list[torch.Tensor], group=None) -> list[torch.Tensor]:
         _exchange(chunks[dst].detach().contiguous(), ranks[dst], out[src], ranks[src], group)
     return out
 
-
-def __getattr__(name: str):
-    """``collectives.bandwidth_sweep`` and friends: the benchmark moved to ``bandwidth``."""
-    if name in _BENCHMARK:          # imported on first use: bandwidth imports this module
-        return getattr(importlib.import_module(".bandwidth", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""lecture_lib.collectives: ring collectives from send/recv, equal to torch's, on any group."""
+"""lecture_lib.collectives: ring collectives from send/recv, equal to torch's, on any group;
+lecture_lib.bandwidth: the benchmark that times them."""
 from contextlib import contextmanager
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
+from lecture_lib import bandwidth as B
 from lecture_lib import collectives as C
 
 SIZES = (1, 5, 7, 13, 64)          # fewer elements than ranks, not divisible, divisible
@@ -137,15 +139,15 @@ def test_bad_input_is_a_clear_error():
 
 def test_bandwidth_sweep_arguments_are_checked():
     with pytest.raises(ValueError, match="kind must be"):       # before any process starts
-        C.bandwidth_sweep([1024], kinds=("broadcast",))
+        B.bandwidth_sweep([1024], kinds=("broadcast",))
     with pytest.raises(ValueError, match="repeats"):
-        C.bandwidth_sweep([1024], repeats=0)
+        B.bandwidth_sweep([1024], repeats=0)
     with pytest.raises(ValueError, match="naive"):
-        C.bandwidth_sweep([1024], kinds=("all_gather",), impls=("naive",))
+        B.bandwidth_sweep([1024], kinds=("all_gather",), impls=("naive",))
 
 
 def _sweep_on_rank():
-    return C.bandwidth_sweep([4096, 1 << 18], impls=("torch", "ring"), repeats=2)
+    return B.bandwidth_sweep([4096, 1 << 18], impls=("torch", "ring"), repeats=2)
 
 
 def test_bandwidth_sweep_reports_nccl_tests_definitions_and_fits():
@@ -157,14 +159,14 @@ def test_bandwidth_sweep_reports_nccl_tests_definitions_and_fits():
         assert row["algbw"] == pytest.approx(row["bytes"] / row["seconds"])
         factor = 2 * 3 / 4 if row["kind"] == "all_reduce" else 3 / 4
         assert row["busbw"] == pytest.approx(row["algbw"] * factor)
-    assert {(r["kind"], r["impl"]) for r in rows} == {(k, i) for k in C.KINDS
+    assert {(r["kind"], r["impl"]) for r in rows} == {(k, i) for k in B.KINDS
                                                        for i in ("torch", "ring")}
 
 
 def test_measure_bandwidth_checks_first_then_gives_the_sweeps_rows_in_its_order():
     with pytest.raises(ValueError, match="kind must be"):       # before any process starts
-        C.measure_bandwidth(2, [1024], kinds=("broadcast",))
-    rows = C.measure_bandwidth(2, [4096, 1 << 12], ("all_reduce", "all_gather"), ("torch",),
+        B.measure_bandwidth(2, [1024], kinds=("broadcast",))
+    rows = B.measure_bandwidth(2, [4096, 1 << 12], ("all_reduce", "all_gather"), ("torch",),
                                repeats=1, timeout=120)
     assert [(r["kind"], r["impl"], r["world_size"]) for r in rows] == (
         [("all_reduce", "torch", 2)] * 2 + [("all_gather", "torch", 2)] * 2)
@@ -175,7 +177,7 @@ def test_fit_sweep_recovers_alpha_and_beta_per_collective():
     truth = {("all_reduce", "ring", 4): (2e-3, 1e8), ("all_gather", "torch", 2): (5e-4, 3e8)}
     rows = [{"kind": k, "impl": i, "world_size": p, "bytes": n, "seconds": a + n / b}
             for (k, i, p), (a, b) in truth.items() for n in (1024, 1 << 16, 1 << 22)]
-    fits = C.fit_sweep(rows)
+    fits = B.fit_sweep(rows)
     assert fits.keys() == truth.keys()
     for key, (alpha, beta) in truth.items():
         assert fits[key] == pytest.approx((alpha, beta), rel=1e-6)

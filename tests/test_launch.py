@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import launch
+from lecture_lib.runtime import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,7 +230,7 @@ def test_bad_backend_timeout_and_fn():
 SCRIPT = textwrap.dedent("""\
     import os, sys, time, torch, torch.distributed as dist
     import lecture_lib
-    from lecture_lib import launch
+    from lecture_lib.runtime import launch
     mode = sys.argv[1]
     out = lecture_lib.run(lambda: dist.get_rank(), 2, timeout=60)
     assert out == [0, 1], out

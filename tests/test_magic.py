@@ -4,7 +4,7 @@ from IPython.core.error import UsageError
 from IPython.testing.globalipapp import get_ipython
 
 import lecture_lib
-from lecture_lib import launch, magic
+from lecture_lib.runtime import launch, magic
 
 CELL = """
 t = torch.tensor([x * (rank + 1.0)], device=device)
@@ -18,7 +18,7 @@ z = [rank] * scale
 @pytest.fixture(scope="module")
 def shell():
     ip = get_ipython()
-    ip.run_line_magic("load_ext", "lecture_lib.magic")
+    ip.run_line_magic("load_ext", "lecture_lib.runtime.magic")
     yield ip
     launch.shutdown()
 

@@ -1,4 +1,4 @@
-"""lecture_lib.zygote: workers forked from one process that imported torch, behaving as the
+"""lecture_lib.runtime.zygote: workers forked from one process that imported torch, behaving as the
 fresh interpreters they replace (environment, working directory, library on disk, exit codes,
 clean-up), and the fallback to fresh interpreters."""
 import os
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import lecture_lib
-from lecture_lib import launch, zygote
 from lecture_lib.grading import procs
 from lecture_lib.grading.harness import Exercise
 from lecture_lib.grading.sandbox import Limits
+from lecture_lib.runtime import launch, zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def test_the_zygote_forks_from_one_thread():
 def test_turned_off_the_workers_are_fresh_interpreters():
     code = textwrap.dedent("""
         import os, lecture_lib
-        from lecture_lib import zygote
+        from lecture_lib.runtime import zygote
         out = lecture_lib.run(lambda: os.getppid(), 2, timeout=60)
         assert zygote.get({}) is None and set(out) == {os.getpid()}, out
         print("ok")
@@ -109,9 +109,9 @@ def test_the_zygote_imports_torch_but_not_the_library():
 def test_the_zygote_leaves_with_its_parent():
     code = textwrap.dedent("""
         import lecture_lib
-        from lecture_lib import zygote
+        from lecture_lib.runtime import zygote
         lecture_lib.run(lambda: 0, 2, timeout=60)
-        print(zygote.get({}).proc.pid, *lecture_lib.launch.worker_pids(), flush=True)
+        print(zygote.get({}).proc.pid, *lecture_lib.runtime.worker_pids(), flush=True)
         import os; os._exit(0)                     # no atexit clean-up: the pipes must do it
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

@@ -8,7 +8,7 @@ do this with their own workers; here the cell goes through the same
 :class:`~lecture_lib.RankTimeout` with every stuck rank's stack, and no
 process is left behind)::
 
-    %load_ext lecture_lib.magic        # done for you by `import lecture_lib` in IPython
+    %load_ext lecture_lib.runtime.magic   # done for you by `import lecture_lib` in IPython
 
     %%ranks 4 --in x --out y
     t = torch.tensor([x * (rank + 1.0)], device=device)
@@ -110,7 +110,7 @@ def ranks(line: str, cell: str, local_ns: dict | None = None):
 
 
 def load_ipython_extension(shell) -> None:
-    """``%load_ext lecture_lib.magic``."""
+    """``%load_ext lecture_lib.runtime.magic``."""
     shell.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")
 
 

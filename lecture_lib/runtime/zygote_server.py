@@ -1,23 +1,24 @@
-"""The zygote behind :mod:`lecture_lib.zygote`: import torch once, then fork each worker.
+"""The zygote behind :mod:`.zygote`: import torch once, then fork each worker.
 
-Started by :class:`lecture_lib.zygote.Zygote` as a script (``python -u <this
+Started by :class:`.zygote.Zygote` as a script (``python -u <this
 file>``), so that lecture_lib itself is not imported here: each worker
 imports the library as it is on disk when the worker starts, exactly as
-``python -m lecture_lib._worker`` does, and only torch's import (seconds,
+``python -m lecture_lib.runtime.worker`` does, and only torch's import (seconds,
 most of a cold start) is shared, with ``torch._dynamo``'s, which the first
 optimizer a worker builds would import. The process has one thread when it forks
 (``OMP_NUM_THREADS=1`` keeps numpy's BLAS from starting any), which is what
 makes ``fork`` without ``exec`` safe.
 
-It serves one SOCK_SEQPACKET socket (fd ``LECTURE_ZYGOTE_FD``): a request is
-a pickled ``(env, log_path, cwd)`` with two file descriptors attached (the
-worker's socket to its pool, and the read end of the pipe it watches to die
-with its parent); the reply is ``("pid", pid)``. When a worker exits it sends
-``("exit", pid, returncode)`` (``subprocess``'s convention: minus the signal
-number when killed). It exits when its stdin or its socket closes.
+It serves one SOCK_SEQPACKET socket (fd ``LECTURE_ZYGOTE_FD``) with the
+messages of ``protocol.py`` beside it (loaded by its path, under a name outside
+the library, and dropped again in each worker): a :class:`ForkRequest` with
+two file descriptors attached (the worker's socket to its pool, and the read
+end of the pipe it watches to die with its parent) is answered by
+:class:`Forked`; when a worker exits it sends :class:`WorkerExited`. It exits
+when its stdin or its socket closes.
 """
+import importlib.util
 import os
-import pickle
 import runpy
 import select
 import signal
@@ -26,7 +27,14 @@ import sys
 import traceback
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]           # run as a script: its folder (lecture_lib/) is no top-level package
+    del sys.path[0]           # run as a script: its folder (runtime/) is no top-level package
+
+PROTOCOL = "zygote_protocol"  # protocol.py, standard library only; not lecture_lib.runtime.protocol
+_spec = importlib.util.spec_from_file_location(
+    PROTOCOL, os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py"))
+protocol = importlib.util.module_from_spec(_spec)
+sys.modules[PROTOCOL] = protocol          # dataclasses look their module up while being made
+_spec.loader.exec_module(protocol)
 
 # What every worker imports, loaded once here. torch._dynamo: torch.optim's first optimizer
 # imports it (the decorator that keeps dynamo off its methods), seconds of CPU in every worker.
@@ -39,7 +47,8 @@ MAX_REQUEST = 1 << 20
 
 
 def _child(sock: socket.socket, wake: tuple[int, int], request: bytes, fds: list[int]) -> None:
-    """In the forked process: become a worker as ``python -m lecture_lib._worker`` would."""
+    """In the forked process: become a worker as ``python -m lecture_lib.runtime.worker``
+    would."""
     code = 1
     try:
         sock.close()
@@ -47,7 +56,9 @@ def _child(sock: socket.socket, wake: tuple[int, int], request: bytes, fds: list
             os.close(fd)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        env, log_path, cwd = pickle.loads(request)
+        fork = protocol.unpack(request)                # a ForkRequest
+        env, log_path, cwd = fork.env, fork.log_path, fork.cwd
+        del sys.modules[PROTOCOL]                     # the worker imports the library afresh
         conn_fd, stdin_fd = fds
         os.setsid()
         os.dup2(stdin_fd, 0)
@@ -62,7 +73,7 @@ def _child(sock: socket.socket, wake: tuple[int, int], request: bytes, fds: list
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:0] = [cwd] + [p for p in extra if p not in sys.path]
         sys.argv = ["-m"]
-        runpy.run_module("lecture_lib._worker", run_name="__main__", alter_sys=True)
+        runpy.run_module(protocol.WORKER_MODULE, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -82,7 +93,7 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        sock.send(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
+        sock.send(protocol.pack(protocol.WorkerExited(pid, os.waitstatus_to_exitcode(status))))
 
 
 def main() -> None:
@@ -92,7 +103,7 @@ def main() -> None:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)      # wakes select through the pipe
-    sock.send(pickle.dumps(("ready", len(os.listdir("/proc/self/task")))))
+    sock.send(protocol.pack(protocol.ZygoteReady(len(os.listdir("/proc/self/task")))))
     while True:
         ready, _, _ = select.select([sock, 0, wake[0]], [], [])
         if 0 in ready and not os.read(0, 1024):
@@ -114,7 +125,7 @@ def main() -> None:
                 _child(sock, wake, request, fds)
             for fd in fds:
                 os.close(fd)
-            sock.send(pickle.dumps(("pid", pid)))
+            sock.send(protocol.pack(protocol.Forked(pid)))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """The warm pool behind :func:`lecture_lib.run`: worker processes and one call to them.
 
 A :class:`WorkerPool` starts ``world_size`` processes (``python -m
-lecture_lib._worker``, forked by :mod:`lecture_lib.zygote` after one import of
+lecture_lib.runtime.worker``, forked by :mod:`.zygote` after one import of
 torch, or fresh interpreters where it is off), each joined to the caller by a
 socket pair, and hosts the TCPStore through which they rendezvous. :meth:`WorkerPool.call`
-sends every rank the same pickled function and collects the replies: a
-result, a traceback (:class:`RankError`), a death, or nothing before the
+sends every rank the same :class:`~.protocol.Job` and collects the replies
+(:mod:`.protocol`): a result, a traceback (:class:`RankError`), a death, or nothing before the
 deadline (:class:`RankTimeout`, with each stuck rank's Python stack, dumped
 by :mod:`faulthandler` on SIGUSR1). Closing a pool kills every worker's
 whole session (SIGKILL to its process group) and waits for it, so nothing
-stays behind. :mod:`lecture_lib.launch` keeps the pools and decides when.
+stays behind. :mod:`.launch` keeps the pools and decides when.
 """
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ from multiprocessing.connection import Connection, wait
 import torch.distributed as dist
 
 from . import zygote
+from .protocol import WORKER_MODULE, Job, Reply, Result, Returned, Unsendable, pack, unpack
 
 START_TIMEOUT = 120.0      # seconds for a cold pool to import torch and say hello
 PER_RANK = ("LECTURE_LIB_", "RANK", "LOCAL_RANK", "WORLD_SIZE")   # not the zygote's business
+WORKER_FILE = os.path.join(*WORKER_MODULE.split(".")) + ".py"   # its frames, in a stack dump
 
 
 class RankError(RuntimeError):
@@ -92,7 +94,7 @@ class WorkerPool:
         if forks is None:
             with open(self._path(rank, "log"), "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-u", "-m", "lecture_lib._worker"], env=env,
+                    [sys.executable, "-u", "-m", WORKER_MODULE], env=env,
                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=[theirs.fileno()], start_new_session=True)
         theirs.close()
@@ -114,7 +116,7 @@ class WorkerPool:
                                    f"{START_TIMEOUT:g} s")
             for rank in [r for r, c in pending.items() if c in ready]:
                 try:
-                    pending.pop(rank).recv()
+                    unpack(pending.pop(rank).recv_bytes())        # Hello
                 except EOFError:
                     raise RankError(rank, "worker process died while starting:\n"
                                     + self.new_output(rank)) from None
@@ -159,10 +161,11 @@ class WorkerPool:
 
     def call(self, payload: bytes, timeout: float) -> list:
         self.calls += 1
-        message = (self.calls, payload, list(sys.path), os.getcwd(), timeout, self.fresh_group)
+        job = pack(Job(self.calls, payload, tuple(sys.path), os.getcwd(), timeout,
+                       self.fresh_group))
         self.fresh_group = False
         for conn in self.conns:
-            conn.send(message)
+            conn.send_bytes(job)
         results, pending, returned = {}, dict(enumerate(self.conns)), set()
         deadline = time.monotonic() + timeout
         while pending:
@@ -174,27 +177,31 @@ class WorkerPool:
                 raise RankTimeout(timeout, stacks)
             for rank in [r for r, c in pending.items() if c in ready]:
                 try:
-                    status, value = pending[rank].recv()
+                    reply = unpack(pending[rank].recv_bytes())
                 except EOFError:
                     code = self.procs[rank].wait()
                     raise RankError(rank, f"worker process died (exit code {code})") from None
-                if status == "returned":         # value: did this rank use point to point
+                if isinstance(reply, Returned):
                     returned.add(rank)
-                    self.fresh_group = self.fresh_group or bool(value)
+                    self.fresh_group = self.fresh_group or reply.point_to_point
                     continue
                 del pending[rank]
-                if status == "ok":
-                    results[rank] = value
-                elif status == "unsendable":
-                    raise RankError(rank, "returned a value that cannot be sent back to the "
-                                          "caller (it must be picklable)", value)
-                else:
-                    dead = self._dead_rank()     # a peer's death makes the others raise
-                    if dead is not None:
-                        raise RankError(dead[0], f"worker process died (exit code {dead[1]})")
-                    last = value.strip().splitlines()[-1] if value.strip() else "an exception"
-                    raise RankError(rank, f"raised {last}", value)
+                results[rank] = self._result(rank, reply)
         return [results[r] for r in range(self.world_size)]
+
+    def _result(self, rank: int, reply: Reply) -> bytes:
+        """A rank's pickled value, or the :class:`RankError` its reply stands for."""
+        if isinstance(reply, Result):
+            return reply.payload
+        if isinstance(reply, Unsendable):
+            raise RankError(rank, "returned a value that cannot be sent back to the "
+                                  "caller (it must be picklable)", reply.traceback)
+        dead = self._dead_rank()                 # a peer's death makes the others raise
+        if dead is not None:
+            raise RankError(dead[0], f"worker process died (exit code {dead[1]})")
+        text = reply.traceback.strip()
+        last = text.splitlines()[-1] if text else "an exception"
+        raise RankError(rank, f"raised {last}", reply.traceback)
 
     def _dead_rank(self, grace: float = 0.25) -> tuple[int, int] | None:
         """``(rank, exit code)`` of a worker that has exited (within ``grace`` seconds), or None.
@@ -238,8 +245,8 @@ def _main_thread_stack(dump: str) -> str:
     """faulthandler dumps every thread; keep the main thread (the one running fn)."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
     for block in blocks:
-        if "_worker.py" in block and "in _serve" in block:
+        if WORKER_FILE in block and "in _serve" in block:
             lines = [ln for ln in block.splitlines()[1:]
-                     if "lecture_lib/_worker.py" not in ln and "<frozen runpy>" not in ln]
+                     if WORKER_FILE not in ln and "<frozen runpy>" not in ln]
             return "\n".join(lines)
     return dump

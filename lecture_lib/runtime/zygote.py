@@ -7,8 +7,9 @@ pay it again and again. Like Android's zygote and Python's own
 ``multiprocessing`` forkserver (whose design this follows; it cannot be used
 directly, since a worker must get its own session, log file, environment and
 the pipe it watches to die with its parent), one process per caller imports
-torch once (:mod:`lecture_lib._zygote_server`), and each worker is a ``fork``
-of it that then runs ``lecture_lib._worker`` exactly as ``python -m`` would.
+torch once (:mod:`.zygote_server`), and each worker is a ``fork`` of it that
+then runs ``lecture_lib.runtime.worker`` exactly as ``python -m`` would. The
+messages both sides exchange are :mod:`.protocol`'s.
 
 :meth:`Zygote.spawn` returns a :class:`ForkedWorker`, which answers what
 :class:`subprocess.Popen` answers (``pid``, ``poll``, ``wait``, ``kill``,
@@ -19,7 +20,6 @@ interpreter instead (:func:`get` then returns None).
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import socket
 import subprocess
@@ -28,7 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-SERVER = Path(__file__).with_name("_zygote_server.py")
+from .protocol import Forked, ForkRequest, WorkerExited, ZygoteReady, pack, unpack
+
+SERVER = Path(__file__).with_name("zygote_server.py")
 START_TIMEOUT = 120.0
 
 
@@ -50,16 +52,17 @@ class Zygote:
         theirs.close()
         self.sock, self.exits, self.lock = ours, {}, threading.Lock()
         try:
-            kind, threads = self._receive(START_TIMEOUT)
+            ready = self._receive(START_TIMEOUT)
         except ZygoteError:
             self.close()
             raise
-        if kind != "ready" or threads != 1:       # fork is safe from one thread only
+        if not isinstance(ready, ZygoteReady) or ready.threads != 1:   # fork needs one thread
             self.close()
-            raise ZygoteError(f"the zygote has {threads} threads; it must have one to fork")
+            raise ZygoteError(f"the zygote has {getattr(ready, 'threads', '?')} threads; "
+                              "it must have one to fork")
 
     def _receive(self, timeout: float | None):
-        """The next message that is not an exit notice (those are recorded)."""
+        """The next message that is not a :class:`WorkerExited` (those are recorded)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -68,10 +71,10 @@ class Zygote:
             data = self.sock.recv(4096)
             if not data:
                 raise ZygoteError("the zygote has exited")
-            message = pickle.loads(data)
-            if message[0] != "exit":
+            message = unpack(data)
+            if not isinstance(message, WorkerExited):
                 return message
-            self.exits[message[1]] = message[2]
+            self.exits[message.pid] = message.returncode
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -82,15 +85,15 @@ class Zygote:
         read_end, write_end = os.pipe()
         try:
             with self.lock:
-                request = pickle.dumps((env, log_path, os.getcwd()))
+                request = pack(ForkRequest(env, log_path, os.getcwd()))
                 socket.send_fds(self.sock, [request], [conn_fd, read_end])
-                kind, pid = self._receive(START_TIMEOUT)
+                forked: Forked = self._receive(START_TIMEOUT)
         except BaseException:
             os.close(write_end)
             raise
         finally:
             os.close(read_end)
-        return ForkedWorker(self, pid, os.fdopen(write_end, "wb", buffering=0))
+        return ForkedWorker(self, forked.pid, os.fdopen(write_end, "wb", buffering=0))
 
     def exit_code(self, pid: int, block: bool) -> int | None:
         """``pid``'s exit code, waiting for it when ``block``; None while it runs."""
@@ -104,9 +107,9 @@ class Zygote:
                 data = self.sock.recv(4096)
                 if not data:                       # the zygote died: ask the kernel instead
                     return _gone_code(pid, block)
-                kind, *rest = pickle.loads(data)
-                if kind == "exit":
-                    self.exits[rest[0]] = rest[1]
+                message = unpack(data)
+                if isinstance(message, WorkerExited):
+                    self.exits[message.pid] = message.returncode
             return self.exits.pop(pid)
 
     def close(self) -> None:

@@ -1,12 +1,14 @@
-"""One rank of a :mod:`lecture_lib.pool` (started as ``python -m lecture_lib._worker``).
+"""One rank of a :mod:`.pool` (started as ``python -m lecture_lib.runtime.worker``).
 
-It imports torch once, then serves calls: for each, it runs the function in
-the pool's process group, sends back ``("ok", result)`` or
-``("error", traceback)``, and leaves the process as the next call expects
-it. Destroying a gloo group waits tens of milliseconds (its transport's
-event loop ticks every 10 ms, and closing each connection waits for a
-tick), more than the rest of a warm call, so the default group is kept from
-one call to the next unless the call could have left something in it:
+It imports torch once, then serves jobs (:class:`~.protocol.Job`): for each, it
+runs the function in the pool's process group, answers in :mod:`.protocol`'s
+messages (:class:`~.protocol.Returned`, then a :class:`~.protocol.Result`,
+:class:`~.protocol.Unsendable` or :class:`~.protocol.Failure`), and leaves the
+process as the next call expects it. Destroying a gloo group waits tens of
+milliseconds (its transport's event loop ticks every 10 ms, and closing each
+connection waits for a tick), more than the rest of a warm call, so the default
+group is kept from one call to the next unless the call could have left
+something in it:
 
 * after a call in which any rank sent or received point to point (a message
   left unreceived would reach the next call) the next call gets a fresh
@@ -32,6 +34,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+
+from .protocol import Failure, Hello, Job, Result, Returned, Unsendable, pack, unpack
 
 # The kept default group's timeout (s), and whether this call sent or received point to point.
 _GROUP = {"timeout": 0.0, "point_to_point": False}
@@ -99,30 +103,29 @@ def _end_call() -> None:
         dist.destroy_process_group(group)
 
 
-def _call(conn, store, rank, world_size, backend, message):
-    call_id, payload, path, cwd, timeout, fresh = message
-    for p in path:
+def _call(conn, store, rank, world_size, backend, job: Job):
+    for p in job.sys_path:
         if p not in sys.path:
             sys.path.append(p)
-    os.chdir(cwd)
+    os.chdir(job.cwd)
     if backend == "nccl":
         torch.cuda.set_device(rank)
     # State a call may change and the next call must not inherit: the default dtype, grad
     # mode, and torch.distributed's functions (tests patch them to forbid collectives).
     dtype, grad, dist_attrs = torch.get_default_dtype(), torch.is_grad_enabled(), dict(vars(dist))
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        _join_group(store, call_id, rank, world_size, backend, timeout, fresh)
+        fn, args, kwargs = cloudpickle.loads(job.payload)
+        _join_group(store, job.call_id, rank, world_size, backend, job.timeout, job.fresh_group)
         _GROUP["point_to_point"] = False
         result = fn(*args, **kwargs)
         # so a timeout can tell who was still in fn; and whether the next call needs a new group
-        conn.send(("returned", _GROUP["point_to_point"]))
+        conn.send_bytes(pack(Returned(_GROUP["point_to_point"])))
         vars(dist).update(dist_attrs)      # the clean-up below uses the real functions
         _end_call()
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()
-        conn.send(("error", traceback.format_exc()))
+        conn.send_bytes(pack(Failure(traceback.format_exc())))
         return
     finally:
         torch.set_default_dtype(dtype)
@@ -131,10 +134,10 @@ def _call(conn, store, rank, world_size, backend, message):
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        reply = ("ok", cloudpickle.dumps(_to_cpu(result)))
+        reply = Result(cloudpickle.dumps(_to_cpu(result)))
     except Exception:
-        reply = ("unsendable", traceback.format_exc())
-    conn.send(reply)
+        reply = Unsendable(traceback.format_exc())
+    conn.send_bytes(pack(reply))
 
 
 def _serve() -> None:
@@ -150,13 +153,13 @@ def _serve() -> None:
     host, port = os.environ["LECTURE_LIB_STORE"].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), None, False,
                           timeout=datetime.timedelta(seconds=60))
-    conn.send(("hello", rank))
+    conn.send_bytes(pack(Hello(rank)))
     while True:
         try:
-            message = conn.recv()
+            job = unpack(conn.recv_bytes())
         except EOFError:
             return
-        _call(conn, store, rank, world_size, backend, message)
+        _call(conn, store, rank, world_size, backend, job)
 
 
 if __name__ == "__main__":
