@@ -1,11 +1,11 @@
-"""figure_check finds small fonts and legends over data, and passes a legible figure."""
+"""figures.check finds small fonts and legends over data, and passes a legible figure."""
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lecture_lib.figure_check import check_figure, problems  # noqa: E402
+from lecture_lib.figures.check import check_figure, problems  # noqa: E402
 
 
 def test_a_legend_over_bars_is_found_and_one_outside_passes():

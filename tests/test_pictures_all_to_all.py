@@ -1,12 +1,12 @@
-"""pictures.all_to_all: the rows drawn between ranks are the library's dispatch plan."""
+"""figures.pictures.all_to_all: the rows drawn between ranks are the library's dispatch plan."""
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.all_to_all import dispatch_example, draw_all_to_all  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.all_to_all import dispatch_example, draw_all_to_all  # noqa: E402
 
 
 @pytest.mark.parametrize("p,experts,k,cf", [(4, 4, 1, None), (2, 4, 2, None), (4, 8, 2, 0.5)])

@@ -1,4 +1,4 @@
-"""lecture_lib.pictures.collectives: which rank holds which block before and after each
+"""lecture_lib.figures.pictures.collectives: which rank holds which block before and after each
 collective, and that the figure writes exactly those blocks (no process is started)."""
 import matplotlib
 
@@ -6,8 +6,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.collectives import (  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.collectives import (  # noqa: E402
     KINDS,
     contents,
     draw,

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from lecture_lib.context_parallel.layout import positions  # noqa: E402
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.cp_layout import causal_owners, draw_cp_layouts, work_per_rank  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.cp_layout import causal_owners, draw_cp_layouts, work_per_rank  # noqa: E402
 
 
 def test_rows_belong_to_the_rank_that_holds_the_query():

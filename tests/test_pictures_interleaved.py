@@ -1,4 +1,4 @@
-"""pictures.interleaved: rank r holds chunks r, r + p, ... of the model, as the executor cuts it."""
+"""figures.pictures.interleaved: rank r holds chunks r, r + p, ... as the executor cuts them."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -6,9 +6,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from lecture_lib import pipeline as pp  # noqa: E402
-from lecture_lib.figure_check import check_figure  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.interleaved import chunk_assignment, draw_interleaved  # noqa: E402
 from lecture_lib.models import GPT, GPTConfig  # noqa: E402
-from lecture_lib.pictures.interleaved import chunk_assignment, draw_interleaved  # noqa: E402
 
 
 @pytest.mark.parametrize("p,v,n_layers", [(4, 2, 16), (2, 3, 6), (3, 2, 12)])

@@ -7,9 +7,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lecture_lib.figure_check import problems  # noqa: E402
+from lecture_lib.figures.check import problems  # noqa: E402
+from lecture_lib.figures.pictures.rank_grid import draw_rank_grid, rank_grid_layout  # noqa: E402
 from lecture_lib.mesh import grid_groups  # noqa: E402
-from lecture_lib.pictures.rank_grid import draw_rank_grid, rank_grid_layout  # noqa: E402
 
 
 def test_tp_groups_are_consecutive_ranks_inside_one_node():

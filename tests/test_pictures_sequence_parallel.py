@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from lecture_lib import costmodel  # noqa: E402
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.sequence_parallel import block_regions, draw_sequence_parallel  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.sequence_parallel import block_regions, draw_sequence_parallel  # noqa: E402
 from lecture_lib.tensor_parallel import comm as tp_comm  # noqa: E402
 
 SP, TP, AG, RS = "sequence parallel", "tensor parallel", "all_gather", "reduce_scatter"

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.tp_splits import draw_tp_splits, split_blocks  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.tp_splits import draw_tp_splits, split_blocks  # noqa: E402
 from lecture_lib.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 from lecture_lib.tensor_parallel.layers import weight_shard_shape  # noqa: E402
 

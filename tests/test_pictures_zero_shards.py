@@ -1,17 +1,24 @@
-"""The ZeRO shard picture draws the library's own layout: which rank holds which shard."""
+"""The ZeRO shard picture draws the library's own layout: which rank holds which shard,
+between steps (per stage) and moment by moment within a ZeRO-3 step, in the course colours."""
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 
-from lecture_lib.figure_check import check_figure  # noqa: E402
-from lecture_lib.pictures.zero_shards import (  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
+from lecture_lib.figures.pictures.zero_shards import (  # noqa: E402
+    KIND_COLORS,
     KINDS,
+    STATE_COLORS,
+    draw_shard_states,
     draw_zero_shards,
     holdings,
+    shard_states,
     sharded_kinds,
 )
+from lecture_lib.figures.plots import COLORS  # noqa: E402
 from lecture_lib.zero.shards import shard_bounds  # noqa: E402
 
 
@@ -72,5 +79,36 @@ def test_the_figure_draws_what_the_data_says_and_is_legible():
     filled = [sum(1 for patch in ax.patches if patch.get_facecolor()[:3] != (1, 1, 1))
               for ax in fig.axes]
     assert filled == [data[s]["filled"] for s in range(4)]
+    check_figure(fig)
+    plt.close(fig)
+
+
+def test_shard_states_replays_events_and_draws():
+    events = [("gather", "a", "forward"), ("wait", "a", "forward"), ("full", "a", "forward"),
+              ("compute", "a", "forward"), ("gather", "b", "forward"), ("done", "a", "forward"),
+              ("free", "a", "forward")]
+    states = shard_states(events, ["a", "b"])
+    assert [s for _, s in states] == [
+        {"a": "in flight", "b": "sharded"}, {"a": "full", "b": "sharded"},
+        {"a": "computing", "b": "sharded"}, {"a": "computing", "b": "in flight"},
+        {"a": "full", "b": "in flight"}, {"a": "sharded", "b": "in flight"}]
+    fig, ax = plt.subplots()
+    draw_shard_states(ax, states, ["a", "b"], 2)
+    assert len(ax.patches) == 2 * len(states)
+    plt.close(fig)
+
+
+def test_both_views_are_drawn_in_the_course_colours():
+    assert KIND_COLORS == {"params": COLORS["compute"], "grads": COLORS["backward"],
+                           "optimizer": COLORS["optimizer"]}
+    assert STATE_COLORS["full"] == KIND_COLORS["params"]          # held parameters: one colour
+    assert len({to_hex(c) for c in STATE_COLORS.values()}) == len(STATE_COLORS)  # told apart
+    fig, ax = plt.subplots(figsize=(8, 2))
+    states = shard_states([("gather", "a", "forward"), ("full", "a", "forward"),
+                           ("compute", "a", "forward"), ("free", "a", "forward")], ["a", "b"])
+    draw_shard_states(ax, states, ["a", "b"], 2)
+    drawn = {to_hex(patch.get_facecolor()) for patch in ax.patches}
+    assert drawn == {to_hex(c) for c in STATE_COLORS.values()}
+    fig.tight_layout()
     check_figure(fig)
     plt.close(fig)

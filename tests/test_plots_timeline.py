@@ -1,4 +1,4 @@
-"""plots.plot_timeline: every pipeline Gantt chart writes the micro-batch in its boxes and
+"""figures.plots.plot_timeline: every pipeline Gantt chart writes the micro-batch in its boxes and
 tells interleaved chunks apart (issue 17). No ranks run: simulated timelines only."""
 import matplotlib
 
@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from lecture_lib import pipeline as pp  # noqa: E402
-from lecture_lib import plots  # noqa: E402
-from lecture_lib.figure_check import check_figure  # noqa: E402
+from lecture_lib.figures import plots  # noqa: E402
+from lecture_lib.figures.check import check_figure  # noqa: E402
 
 
 def _draw(schedule, **kw):
@@ -76,7 +76,7 @@ def test_shade_keeps_chunk_zero_and_lightens_the_rest(chunks):
 
 
 def test_the_schedule_explorers_chart_is_numbered_and_legible():
-    from lecture_lib.widgets.pipeline import schedule_figure  # noqa: PLC0415  imports ipywidgets
+    from lecture_lib.figures.widgets.pipeline import schedule_figure  # noqa: PLC0415  imports ipywidgets
     fig, sim = schedule_figure("interleaved-1f1b", 4, 8, 2)
     ax = fig.axes[0]
     assert "7" in {t.get_text() for t in ax.texts}

@@ -6,12 +6,12 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from lecture_lib.costmodel import GB, PRESETS, memory_per_device  # noqa: E402
-from lecture_lib.widgets.memory import calculator_figure, memory_calculator  # noqa: E402
+from lecture_lib.figures.widgets.memory import calculator_figure, memory_calculator  # noqa: E402
 
 
 def test_bars_are_the_formula():
     fig, bars = calculator_figure("Llama-style 70B", dp=8, tp=4, pp=2, zero_stage=2,
-                                  micro_batch=2, seq_len=4096)
+                                  microbatch_size=2, seq_len=4096)
     want = memory_per_device(PRESETS["Llama-style 70B"], 8, 4, 2, 3, 2, 4096, "selective", True)
     assert bars["ZeRO-3"] == want
     ax = fig.axes[0]

@@ -1,4 +1,4 @@
-"""Answers of notebook 01's self-study questions, from the ring cost model (costmodel.comm)."""
+"""The collectives notebook's self-study answers, from the ring cost model (costmodel.comm)."""
 from __future__ import annotations
 
 from ..costmodel import NVLINK_H100, Link, bus_factor, collective_time

@@ -1,4 +1,4 @@
-"""Notebook 02b's hand calculations: when backward hides DDP's all-reduces; the ring's terms.
+"""The emulated data-parallel notebook: when backward hides DDP's all-reduces; the ring.
 
 * Q1: backward hides all but the last bucket when ``T_bwd >= T_comm - T_last``; with
   ``T_bwd = t_tok x tokens per rank`` that is ``tokens >= (T_comm - T_last) / t_tok``.

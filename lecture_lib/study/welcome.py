@@ -1,4 +1,4 @@
-"""Answers of notebook 00's self-study questions, computed with the course's memory model."""
+"""The welcome notebook's self-study answers, computed with the course's memory model."""
 from __future__ import annotations
 
 from ..costmodel import GB, model_state_bytes

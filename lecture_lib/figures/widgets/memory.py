@@ -14,8 +14,8 @@ from __future__ import annotations
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
+from ...costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 from .. import plots
-from ..costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 from . import explorer
 
 KINDS = ("params", "grads", "optimizer", "activations")
@@ -48,18 +48,19 @@ def plot_memory(ax, breakdowns: dict, device_gb: float = 80.0, highlight: str | 
 def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp: int = 8,
                       zero_stage: int = 1, precision: str = "mixed (bf16/fp16 + fp32 master)",
                       recompute: str = "selective", sequence_parallel: bool = True,
-                      micro_batch: int = 1, seq_len: int | None = None, device_gb: float = 80.0):
+                      microbatch_size: int = 1, seq_len: int | None = None,
+                      device_gb: float = 80.0):
     """The calculator's figure for one setting: every ZeRO stage side by side."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {list(PRESETS)}, not {preset!r}")
     shape = PRESETS[preset]
-    bars = {f"ZeRO-{s}": memory_per_device(shape, dp, tp, pp, s, micro_batch, seq_len,
+    bars = {f"ZeRO-{s}": memory_per_device(shape, dp, tp, pp, s, microbatch_size, seq_len,
                                            recompute, sequence_parallel, precision)
             for s in range(4)}
     plots.use_style()
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_memory(ax, bars, device_gb, highlight=f"ZeRO-{zero_stage}",
-                title=f"{preset}: dp={dp}, tp={tp}, pp={pp}, micro-batch {micro_batch}, "
+                title=f"{preset}: dp={dp}, tp={tp}, pp={pp}, micro-batch {microbatch_size}, "
                       f"seq {seq_len or shape.seq_len}, recompute {recompute}")
     plots.stamp(fig, text="formulas: Rajbhandari et al. 2020 (ZeRO), "
                           "Korthikanti et al. 2022 (activations)")
@@ -82,7 +83,7 @@ def memory_calculator():
         "recompute": w.Dropdown(options=list(RECOMPUTE), value="selective",
                                 description="recompute", style=style),
         "sequence_parallel": w.Checkbox(True, description="sequence parallel"),
-        "micro_batch": w.BoundedIntText(1, min=1, max=4096, description="micro-batch",
+        "microbatch_size": w.BoundedIntText(1, min=1, max=4096, description="micro-batch",
                                         style=style),
         "seq_len": w.BoundedIntText(2048, min=1, max=1 << 20, description="sequence length",
                                     style=style),

@@ -1,15 +1,16 @@
-"""Notebook 08's hand calculations: training days from 6ND, a rank's place in the grid,
+"""The hybrid notebook's hand calculations: training days from 6ND, a rank's place in the grid,
 the global batch identity and the bubble it leaves."""
 from __future__ import annotations
 
 from ..costmodel import H100_CLUSTER, PRESETS, pipeline_bubble
-from ..mesh import grid_coordinates, grid_dims, grid_groups
+from ..dims import ParallelDims
+from ..mesh import grid_coordinates, grid_groups
 from ..metrics import model_flops_per_token, training_days
 from . import fmt
 
 LLAMA_TOKENS, LLAMA_GPUS, LLAMA_MFU = 15e12, 2048, 0.40
-GRID = grid_dims(dp=4, pp=2, tp=8)                   # 64 GPUs on nodes of 8
-COORD = {"dp": 2, "pp": 1, "tp": 3}
+GRID = ParallelDims(dp=4, pp=2, tp=8).sizes()       # 64 GPUs on nodes of 8 (cp of size 1)
+COORD = {"dp": 2, "pp": 1, "cp": 0, "tp": 3}
 BATCH, MICRO, DP, PP = 1024, 2, 16, 8
 
 

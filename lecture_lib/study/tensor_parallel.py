@@ -1,4 +1,4 @@
-"""Notebook 04's hand calculations: one GPT-3 175B layer under tensor parallelism.
+"""The tensor-parallel notebook's hand calculations: one GPT-3 175B layer under tensor parallelism.
 
 The layer is Brown et al. 2020's (Table 2.1: s = 2048, h = 12288, a = 96), one sequence per
 micro-batch, 16-bit activations, t = 8 (one node). Activations from Korthikanti et al. 2022

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 
-from ..context_parallel.layout import check_layout, positions
+from ...context_parallel.layout import check_layout, positions
 
 
 def causal_owners(seq_len: int, cp: int, layout: str) -> np.ndarray:

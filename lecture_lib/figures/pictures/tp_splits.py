@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ...tensor_parallel.layers import check_divisible, weight_shard_shape
 from ..plots import COLORS
-from ..tensor_parallel.layers import check_divisible, weight_shard_shape
 
 KIND_COLORS = {"tensor": "#FFFFFF", "weight": "#DCE6F2", "local": "#E8F0E0",
                "comm": COLORS["comm"]}

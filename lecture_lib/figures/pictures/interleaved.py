@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..pipeline import Schedule, layer_ranges
+from ...pipeline import Schedule, layer_ranges
 from ..plots import COLORS
 
 RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",

@@ -2,7 +2,7 @@
 
 Each explorer is a function that returns a widget (so a notebook cell ends
 with it); the computation behind it lives in the library module it explores,
-and the figures use :mod:`lecture_lib.plots`.
+and the figures use :mod:`lecture_lib.figures.plots`.
 
 The figure is drawn into an ``ipywidgets.Image`` (PNG bytes) and the text into
 an ``HTML`` widget, not into an ``Output`` widget. Two reasons:

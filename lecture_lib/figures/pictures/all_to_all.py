@@ -21,7 +21,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from ..expert_parallel import admit, plan_dispatch, top_k_route
+from ...expert_parallel import admit, plan_dispatch, top_k_route
 from .interleaved import RANK_COLORS
 
 

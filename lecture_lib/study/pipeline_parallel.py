@@ -1,4 +1,4 @@
-"""Notebook 06 (pipeline parallelism): the numbers of the self-study answers.
+"""The pipeline-parallel notebook: the numbers of the self-study answers.
 
 Q1: the bubble of 1F1B and of interleaved 1F1B (Narayanan et al. 2021, section 2.2);
 Q2: activations held at rank 0's peak, GPipe against 1F1B (section 2.2.1);

@@ -1,4 +1,4 @@
-"""Notebook 05's hand calculations: a Llama-style 70B layer at 128K tokens under cp.
+"""The context-parallel notebook's hand calculations: a Llama-style 70B layer at 128K tokens.
 
 The model is :data:`lecture_lib.costmodel.memory.PRESETS` ``"Llama-style 70B"`` (80 layers,
 h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, t = 8 with sequence

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
+from ...costmodel import pipeline_bubble, zb_h1_bubble
+from ...pipeline import NAMES, make_schedule, simulate
 from .. import plots
-from ..costmodel import pipeline_bubble, zb_h1_bubble
-from ..pipeline import NAMES, make_schedule, simulate
 from . import explorer
 
 

@@ -1,4 +1,4 @@
-"""Notebook 10 (the capstone): the hand calculations, with the library's models.
+"""The capstone notebook: the hand calculations, with the library's models.
 
 Q2: storing the tokens. Q3: the compute of GPT-2 small (124M parameters, 12 layers,
 d 768, context 1024) on 10 billion tokens (``metrics.model_flops_per_token``: ``6 N``

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from matplotlib.colors import to_rgb
 
-from . import emulate
+from .. import emulate
 
 # One colour per kind of work, used by every timeline in the course.
 COLORS = {

@@ -1,4 +1,4 @@
-"""Notebook 03's hand calculations: bytes per parameter under ZeRO; a 70B model on 64 H100s.
+"""The memory notebook's hand calculations: bytes per parameter under ZeRO; 70B on 64 H100s.
 
 * Q2: model-state bytes per rank per parameter, mixed-precision Adam (2 + 2 + 12),
   ``costmodel.model_state_breakdown`` (Rajbhandari et al. 2020, section 3.1).
@@ -34,7 +34,7 @@ def q2() -> list[str]:
 
 def seventy_b() -> dict:
     shape = PRESETS[MODEL]
-    mem = memory_per_device(shape, DP, TP, PP, STAGE, micro_batch=1, recompute="selective",
+    mem = memory_per_device(shape, DP, TP, PP, STAGE, microbatch_size=1, recompute="selective",
                             sequence_parallel=True)
     local = shape.num_params / (TP * PP)                 # parameters in one GPU's slice
     gathered = 2 * local                                 # bf16 bytes of that slice

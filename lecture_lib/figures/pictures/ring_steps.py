@@ -1,16 +1,16 @@
 """The ring step by step: which K/V block each rank holds, and what it computes with it.
 
-A picture of :func:`.ring.ring_schedule` (the same schedule the ring runs):
-one row per step, one column per rank; a cell names the rank whose K/V block
-is held and the chunk pairs attended, greyed out when the causal mask skips
-every pair (the block is only passed on).
+A picture of :func:`lecture_lib.context_parallel.ring.ring_schedule` (the same
+schedule the ring runs): one row per step, one column per rank; a cell names the
+rank whose K/V block is held and the chunk pairs attended, greyed out when the
+causal mask skips every pair (the block is only passed on).
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .layout import rank_chunks
-from .ring import ring_schedule
+from ...context_parallel.layout import rank_chunks
+from ...context_parallel.ring import ring_schedule
 
 
 def cell_labels(cp: int, layout: str = "zigzag", causal: bool = True) -> list[list[str]]:

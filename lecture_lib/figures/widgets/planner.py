@@ -11,10 +11,10 @@ from dataclasses import replace
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
+from ...costmodel.memory import PRESETS
+from ...costmodel.planner import explain, plan
+from ...costmodel.steptime import A100_CLUSTER, H100_CLUSTER
 from .. import plots
-from ..costmodel.memory import PRESETS
-from ..costmodel.planner import explain, plan
-from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
 from . import explorer
 
 CLUSTERS = {"A100 80GB, NVLink 3 + HDR InfiniBand": A100_CLUSTER,

@@ -1,4 +1,4 @@
-"""Notebook 09's hand calculations: shares of a step and the rules of thumb, the GPipe
+"""The profiling notebook's hand calculations: shares of a step and the rules of thumb, the GPipe
 bound on a stage's busy share, and what summed gradients do to SGD."""
 from __future__ import annotations
 

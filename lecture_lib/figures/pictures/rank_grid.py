@@ -22,7 +22,7 @@ import math
 
 import matplotlib.pyplot as plt
 
-from ..mesh import check_grid, grid_coordinates, grid_groups
+from ...mesh import check_grid, grid_coordinates, grid_groups
 
 STYLE = {"tp": ("#4C72B0", "-"), "cp": ("#8172B3", "-."), "pp": ("#DD8452", "-"),
          "dp": ("#55A868", "--")}

@@ -1,4 +1,4 @@
-"""Notebook 02's hand calculations: the global batch, per-call latency, the bucket size.
+"""The data-parallel notebook's hand calculations: global batch, per-call latency, bucket size.
 
 * Q2: the global batch identity ``B_global = micro-batch x accumulation steps x dp``
   (Goyal et al. 2017 train with the global batch as the unit; PyTorch DDP's
@@ -18,9 +18,9 @@ MICRO_BATCH, ACCUMULATION, DP, SEQ_LEN = 4, 16, 64, 2048
 BUCKET_MODEL_PARAMS, BUCKET_GRAD_BYTES = 7e9, 2     # a 7B model, bf16 gradients
 
 
-def global_batch(micro_batch: int, accumulation: int, dp: int) -> int:
+def global_batch(microbatch_size: int, accumulation: int, dp: int) -> int:
     """Sequences per optimizer step: each of dp ranks adds up ``accumulation`` micro-batches."""
-    return micro_batch * accumulation * dp
+    return microbatch_size * accumulation * dp
 
 
 def q2() -> list[str]:

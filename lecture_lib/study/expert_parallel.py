@@ -1,4 +1,4 @@
-"""Notebook 07 (expert parallelism): the numbers of the self-study answers.
+"""The expert-parallel notebook: the numbers of the self-study answers.
 
 Q1: all-to-all bytes per token (costmodel.all_to_all_bytes; even routing);
 Q2: an MoE layer's parameters and FLOPs against one dense MLP (costmodel.moe_params,

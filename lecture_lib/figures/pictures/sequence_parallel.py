@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..plots import COLORS
-from ..tensor_parallel.comm import (
+from ...tensor_parallel.comm import (
     AllGatherFromSequenceParallelRegion,
     ReduceScatterToSequenceParallelRegion,
 )
-from ..tensor_parallel.layers import check_divisible
+from ...tensor_parallel.layers import check_divisible
+from ..plots import COLORS
 
 REGION_COLORS = {"sequence parallel": "#E8F0E0", "tensor parallel": "#DCE6F2",
                  "all_gather": COLORS["comm"], "reduce_scatter": COLORS["comm"]}
