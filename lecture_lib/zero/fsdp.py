@@ -16,6 +16,13 @@ Prefetching: while unit k computes, the all-gather of the unit after it is
 already in flight (``async_op``); in backward the next unit in reverse order.
 The order is the one the previous forward ran (module order the first time).
 
+Who does what: each unit (:class:`~.units.Unit`) knows how to gather, free
+and reduce-scatter itself; the model below only decides when, from its hooks
+on the modules and the gradients, keeps the order of the units, launches the
+prefetches, and at the end of backward waits for the reduce-scatters in the
+order they were launched and all-reduces the replicated parameters
+(:class:`Replicated`).
+
 Like FSDP2, ``model.parameters()`` are the local shards (fp32 masters, padded
 to ``ceil(numel / N)`` elements), so ``torch.optim.AdamW(model.parameters())``
 trains the sharded model. FSDP2 makes each parameter a ``DTensor`` that
@@ -30,18 +37,21 @@ the end of backward; all of this needs no call from the user, and
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 
-from ..comm import all_gather_into, all_reduce_flat, group_info, reduce_scatter_into
-from .shards import check_enough_elements, chunk_size, padded_flat
+from ..comm import all_reduce_flat, group_info
+from .shards import check_enough_elements
 from .units import (
-    ParamSlot,
+    ReduceScatter,
     Unit,
     assign_owners,
     check_compute_dtype,
     parameter_slots,
     resolve_units,
+    shard_parameter,
 )
 
 
@@ -49,6 +59,44 @@ def check_fsdp(module: nn.Module, units=None, compute_dtype=None) -> None:
     """Every check of :class:`FullyShardedModel`'s arguments, before any process starts."""
     resolve_units(module, units)
     check_compute_dtype(compute_dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Replicated:
+    """A parameter outside every unit: whole on every rank, its gradient all-reduced.
+
+    With a ``compute_dtype`` other than its own, ``shadow`` is its compute-dtype
+    copy, cast before each forward and shadowing it on its modules, as a unit's
+    full weights shadow the shards."""
+    param: nn.Parameter
+    slots: list[tuple[nn.Module, str]]          # every (module, attribute) holding it
+    shadow: torch.Tensor | None
+
+    @classmethod
+    def of(cls, p: nn.Parameter, slots, compute_dtype: torch.dtype | None) -> Replicated:
+        shadow = None
+        if (compute_dtype or p.dtype) != p.dtype:
+            shadow = torch.empty(0, dtype=compute_dtype, device=p.device)
+            shadow.requires_grad_(p.requires_grad)
+        return cls(p, [(m, a) for _, m, a in slots], shadow)
+
+    def cast(self) -> None:
+        """Before forward: the compute-dtype copy in place of the parameter."""
+        if self.shadow is not None:
+            self.shadow.data = self.param.detach().to(self.shadow.dtype)
+            for m, attr in self.slots:
+                m.__dict__[attr] = self.shadow
+
+    def uncast(self) -> None:
+        """After backward: the parameter back, the copy's gradient added to its ``.grad``."""
+        if self.shadow is None:
+            return
+        for m, attr in self.slots:
+            m.__dict__.pop(attr, None)
+        if self.shadow.grad is not None:
+            g = self.shadow.grad.to(self.param.dtype)
+            self.param.grad = g if self.param.grad is None else self.param.grad.add_(g)
+            self.shadow.grad = None
 
 
 class FullyShardedModel(nn.Module):
@@ -73,139 +121,80 @@ class FullyShardedModel(nn.Module):
         check_enough_elements(module.parameters(), self.world_size)
         self.module = module
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
-        self.gathered_bytes = self.peak_gathered_bytes = 0
+        self.peak_gathered_bytes = 0
         self.events: list | None = None
-        self._units = [Unit(name, sub) for name, sub in unit_list]
-        self._replicated: list[tuple[nn.Parameter, list, torch.Tensor | None]] = []
-        self._order: list[Unit] = list(self._units)
+        self._units = [Unit(name, sub, group, self.world_size, self._note)
+                       for name, sub in unit_list]
+        self._replicated: list[Replicated] = []
+        self._order: list[Unit] = list(self._units)      # as the last forward ran them
         self._this_forward: list[Unit] = []
-        self._in_flight: list = []                 # (handle, buffer, params) reduce-scatters
+        self._reduce_scatters: list[ReduceScatter] = []  # in flight, in launch order
         self._backward_done = True
         owners = assign_owners(module, unit_list)
         for p, slots in parameter_slots(module).items():
             if owners[p] is None:
-                self._add_replicated(p, slots)
-            else:
-                self._add_sharded(self._units[owners[p]], p, slots)
+                self._replicated.append(Replicated.of(p, slots, self.compute_dtype))
+                continue
+            unit = self._units[owners[p]]
+            unit.params.append(shard_parameter(p, slots, self.rank, self.world_size,
+                                               self.compute_dtype))
+            if p.requires_grad:
+                unit.params[-1].full.register_post_accumulate_grad_hook(
+                    lambda t, unit=unit: self._post_backward(unit))
+        self._register_forward_hooks()
+
+    def _register_forward_hooks(self) -> None:
         for unit in self._units:
             unit.module.register_forward_pre_hook(lambda m, a, unit=unit: self._pre_forward(unit))
             unit.module.register_forward_hook(
                 lambda m, a, out, unit=unit: self._post_forward(unit, out))
-        module.register_forward_pre_hook(lambda m, a: self._root_pre_forward())
-        module.register_forward_hook(lambda m, a, out: self._root_post_forward(out))
+        self.module.register_forward_pre_hook(lambda m, a: self._root_pre_forward())
+        self.module.register_forward_hook(lambda m, a, out: self._root_post_forward(out))
 
-    # -- building ------------------------------------------------------------------
-
-    def _dtype(self, p: torch.Tensor) -> torch.dtype:
-        return self.compute_dtype or p.dtype
-
-    def _add_sharded(self, unit: Unit, p: nn.Parameter, slots) -> None:
-        chunk = chunk_size(p.numel(), self.world_size)
-        piece = padded_flat(p.detach(), self.world_size)[self.rank * chunk:(self.rank + 1) * chunk]
-        shard = nn.Parameter(piece.clone(), requires_grad=p.requires_grad)
-        full = torch.empty(0, dtype=self._dtype(p), device=p.device)
-        full.requires_grad_(p.requires_grad)
-        if p.requires_grad:
-            full.register_post_accumulate_grad_hook(lambda t, unit=unit: self._grad_ready(unit))
-        for _, m, attr in slots:
-            m._parameters[attr] = shard              # the module's parameter IS the shard
-        unit.params.append(ParamSlot(slots[0][0], [(m, a) for _, m, a in slots], p.shape,
-                                     chunk, shard, full))
-
-    def _add_replicated(self, p: nn.Parameter, slots) -> None:
-        shadow = None
-        if self._dtype(p) != p.dtype:                # a compute-dtype copy, cast each forward
-            shadow = torch.empty(0, dtype=self._dtype(p), device=p.device)
-            shadow.requires_grad_(p.requires_grad)
-        self._replicated.append((p, [(m, a) for _, m, a in slots], shadow))
-
-    def _note(self, what: str, unit: Unit, phase: str) -> None:
+    def _note(self, what: str, unit: str, phase: str) -> None:
         if self.events is not None:
-            self.events.append((what, unit.name, phase))
+            self.events.append((what, unit, phase))
 
-    # -- gather and free -----------------------------------------------------------
+    @property
+    def gathered_bytes(self) -> int:
+        """Full-weight bytes held now: every gathered unit's."""
+        return sum(unit.full_bytes for unit in self._units if unit.gathered)
 
-    def _launch_gather(self, unit: Unit, phase: str) -> None:
-        """Start the unit's one all-gather (async): every shard cast to the compute dtype."""
-        if unit.gathered or unit.work is not None or not unit.params:
-            return
-        with torch.no_grad():
-            mine = torch.cat([ps.shard.detach().to(ps.full.dtype) for ps in unit.params])
-            buf = torch.empty(mine.numel() * self.world_size, dtype=mine.dtype,
-                              device=mine.device)
-            unit.work = (all_gather_into(buf, mine, self.group, phase, async_op=True), buf)
-        self._note("gather", unit, phase)
-
-    def _wait_gather(self, unit: Unit, phase: str) -> None:
-        if unit.gathered:
-            return
-        self._launch_gather(unit, phase)
-        self._note("wait", unit, phase)
-        if unit.params:
-            work, buf = unit.work
-            unit.work = None
-            work.wait()
-            everyone, offset = buf.view(self.world_size, -1), 0
-            for ps in unit.params:
-                flat = everyone[:, offset:offset + ps.chunk].reshape(-1)[:ps.numel]
-                ps.full.data = flat.reshape(ps.shape).clone()
-                offset += ps.chunk
-                for m, attr in ps.slots:
-                    m.__dict__[attr] = ps.full       # shadows the shard while gathered
-                self.gathered_bytes += ps.full.numel() * ps.full.element_size()
-        unit.gathered = True
-        unit.pending = sum(ps.shard.requires_grad for ps in unit.params)
+    def _gather_and_prefetch(self, unit: Unit, phase: str, step: int) -> None:
+        """``unit`` gathered; with ``prefetch``, the gather of the unit ``step`` after it
+        in the last forward's order (+1 in forward, -1 in backward) launched."""
+        unit.wait_gather(phase)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
-        self._note("full", unit, phase)
-
-    def _free(self, unit: Unit, phase: str) -> None:
-        if not unit.gathered:
-            return
-        for ps in unit.params:
-            self.gathered_bytes -= ps.full.numel() * ps.full.element_size()
-            ps.full.data = torch.empty(0, dtype=ps.full.dtype, device=ps.full.device)
-            for m, attr in ps.slots:
-                m.__dict__.pop(attr, None)
-        unit.gathered = False
-        self._note("free", unit, phase)
-
-    def _neighbour(self, unit: Unit, step: int) -> Unit | None:
-        if unit not in self._order:
-            return None
-        i = self._order.index(unit) + step
-        return self._order[i] if 0 <= i < len(self._order) else None
+        if self.prefetch and unit in self._order:
+            i = self._order.index(unit) + step
+            if 0 <= i < len(self._order):
+                self._order[i].launch_gather(phase)
+        self._note("compute", unit.name, phase)
 
     # -- forward -------------------------------------------------------------------
 
     def _root_pre_forward(self) -> None:
         self._finish_backward()                      # a forward always sees fresh shards
         for unit in self._units:
-            self._drop_prefetch(unit)
-            self._free(unit, "forward")
+            unit.drop_prefetch()
+            unit.free("forward")
         self._this_forward = []
-        for p, slots, shadow in self._replicated:
-            if shadow is not None:
-                shadow.data = p.detach().to(shadow.dtype)
-                for m, attr in slots:
-                    m.__dict__[attr] = shadow
+        for replicated in self._replicated:
+            replicated.cast()
 
     def _pre_forward(self, unit: Unit) -> None:
         if unit not in self._this_forward:
             self._this_forward.append(unit)
-        self._wait_gather(unit, "forward")
-        nxt = self._neighbour(unit, +1)
-        if self.prefetch and nxt is not None:
-            self._launch_gather(nxt, "forward")
-        self._note("compute", unit, "forward")
+        self._gather_and_prefetch(unit, "forward", +1)
 
     def _post_forward(self, unit: Unit, out):
         if torch.is_grad_enabled():
             first = _first_grad_tensor(out)
             if first is not None:
                 first.register_hook(lambda g, unit=unit: self._pre_backward(unit, g))
-        self._note("done", unit, "forward")
+        self._note("done", unit.name, "forward")
         if self.reshard_after_forward:
-            self._free(unit, "forward")
+            unit.free("forward")
 
     def _root_post_forward(self, out):
         if self._this_forward:
@@ -222,33 +211,17 @@ class FullyShardedModel(nn.Module):
         return grad
 
     def _pre_backward(self, unit: Unit, grad):
-        self._wait_gather(unit, "backward")
-        nxt = self._neighbour(unit, -1)
-        if self.prefetch and nxt is not None:
-            self._launch_gather(nxt, "backward")
-        self._note("compute", unit, "backward")
+        self._gather_and_prefetch(unit, "backward", -1)
         return grad
 
-    def _grad_ready(self, unit: Unit) -> None:
-        unit.pending -= 1
-        if unit.pending == 0:                        # every gradient of the unit is in
+    def _post_backward(self, unit: Unit) -> None:
+        if unit.grad_arrived():                      # every gradient of the unit is in
             self._reduce_scatter(unit)
 
     def _reduce_scatter(self, unit: Unit) -> None:
-        """One async reduce-scatter of the unit's gradients (compute dtype); free the weights."""
-        with_grad = [ps for ps in unit.params if ps.full.grad is not None]
-        if with_grad:
-            rows = [padded_flat(ps.full.grad, self.world_size).view(self.world_size, ps.chunk)
-                    for ps in with_grad]
-            stacked = torch.cat(rows, dim=1).reshape(-1)     # rank r's chunks side by side
-            out = torch.empty(stacked.numel() // self.world_size, dtype=stacked.dtype,
-                              device=stacked.device)
-            work = reduce_scatter_into(out, stacked, self.group, "backward", async_op=True)
-            self._in_flight.append((work, stacked, out, with_grad))
-            for ps in with_grad:
-                ps.full.grad = None
-            self._note("reduce_scatter", unit, "backward")
-        self._free(unit, "backward")
+        launched = unit.reduce_scatter()
+        if launched is not None:                     # waited for at the end of backward
+            self._reduce_scatters.append(launched)
 
     def _finish_backward(self) -> None:
         """End of backward: finish every unit, wait for the reduce-scatters, sync replicas."""
@@ -256,33 +229,16 @@ class FullyShardedModel(nn.Module):
             return
         self._backward_done = True
         for unit in self._units:
-            self._drop_prefetch(unit)
+            unit.drop_prefetch()
             if unit.gathered:
                 self._reduce_scatter(unit)          # unused parameters: what arrived, if any
-        for work, _, out, params in self._in_flight:
-            work.wait()
-            grads = out.to(params[0].shard.dtype).div_(self.world_size)
-            for ps, g in zip(params, grads.split([ps.chunk for ps in params])):
-                ps.shard.grad = g.clone() if ps.shard.grad is None else ps.shard.grad.add_(g)
-        self._in_flight = []
-        self._sync_replicated()
-
-    def _sync_replicated(self) -> None:
-        for p, slots, shadow in self._replicated:
-            if shadow is not None:
-                for m, attr in slots:
-                    m.__dict__.pop(attr, None)
-                if shadow.grad is not None:
-                    g = shadow.grad.to(p.dtype)
-                    p.grad = g if p.grad is None else p.grad.add_(g)
-                    shadow.grad = None
-        all_reduce_flat([p.grad for p, _, _ in self._replicated], self.group, average=True,
+        for launched in self._reduce_scatters:
+            launched.finish(self.world_size)
+        self._reduce_scatters = []
+        for replicated in self._replicated:
+            replicated.uncast()
+        all_reduce_flat([r.param.grad for r in self._replicated], self.group, average=True,
                         phase="backward")
-
-    def _drop_prefetch(self, unit: Unit) -> None:
-        if unit.work is not None:                   # a prefetch nobody used: wait, discard
-            unit.work[0].wait()
-            unit.work = None
 
     # -- the module ----------------------------------------------------------------
 
@@ -292,7 +248,7 @@ class FullyShardedModel(nn.Module):
     def finish_gradients(self) -> bool:
         """Wait for anything outstanding; True when every gradient is in place."""
         self._finish_backward()
-        return not self._in_flight
+        return not self._reduce_scatters
 
     def shard_parameters(self) -> list[nn.Parameter]:
         """This rank's parameters: the shards and the replicated ones (``self.parameters()``)."""
@@ -303,7 +259,7 @@ class FullyShardedModel(nn.Module):
 
     def replicated_names(self) -> list[str]:
         names = {p: n for n, p in self.module.named_parameters()}
-        return [names[p] for p, _, _ in self._replicated]
+        return [names[r.param] for r in self._replicated]
 
 
 def _first_grad_tensor(out):
