@@ -1,6 +1,6 @@
-# Generated from solutions/ex00_ring_sum.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex00_ring_sum.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex00_ring_sum.py
+#   python -m lecture_lib.grading grade exercises/ex00_ring_sum.py
 """Exercise 00: sum a tensor over all ranks using only send and recv.
 
 Every rank holds a tensor of the same shape. Return, on every rank, a new

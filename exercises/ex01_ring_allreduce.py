@@ -1,6 +1,6 @@
-# Generated from solutions/ex01_ring_allreduce.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex01_ring_allreduce.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex01_ring_allreduce.py
+#   python -m lecture_lib.grading grade exercises/ex01_ring_allreduce.py
 """Exercise 01: ring all-reduce = ring reduce-scatter, then ring all-gather.
 
 Every rank holds a tensor of the same shape. ``ring_all_reduce(tensor)``

@@ -1,6 +1,6 @@
-# Generated from solutions/ex02_bucketed_ddp.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex02_bucketed_ddp.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex02_bucketed_ddp.py
+#   python -m lecture_lib.grading grade exercises/ex02_bucketed_ddp.py
 """Exercise 02: data parallelism with overlapped, bucketed gradient all-reduce.
 
 Write ``BucketedDDP(module, bucket_size_mb)``, the data-parallel wrapper of

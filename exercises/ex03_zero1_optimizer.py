@@ -1,6 +1,6 @@
-# Generated from solutions/ex03_zero1_optimizer.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex03_zero1_optimizer.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex03_zero1_optimizer.py
+#   python -m lecture_lib.grading grade exercises/ex03_zero1_optimizer.py
 """Exercise 03: ZeRO-1, a sharded optimizer (the interface of Stanford CS336 assignment 2).
 
 Write ``ShardedOptimizer(params, optimizer_cls, **kwargs)``, a

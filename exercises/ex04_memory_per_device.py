@@ -1,10 +1,10 @@
-# Generated from solutions/ex04_memory_per_device.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex04_memory_per_device.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex04_memory_per_device.py
+#   python -m lecture_lib.grading grade exercises/ex04_memory_per_device.py
 """Exercise 04: how many bytes one device holds when training a transformer.
 
 Write ``memory_per_device(num_params, layers, hidden, heads, seq_len,
-micro_batch, dp=1, tp=1, pp=1, zero_stage=0, recompute="none")`` returning a
+microbatch_size, dp=1, tp=1, pp=1, zero_stage=0, recompute="none")`` returning a
 dict with the bytes of ``"params"``, ``"grads"``, ``"optimizer"``,
 ``"activations"`` and their ``"total"``, for mixed-precision Adam:
 
@@ -25,6 +25,6 @@ mode, or any size below 1.
 """
 
 
-def memory_per_device(num_params, layers, hidden, heads, seq_len, micro_batch, dp=1, tp=1,
+def memory_per_device(num_params, layers, hidden, heads, seq_len, microbatch_size, dp=1, tp=1,
                       pp=1, zero_stage=0, recompute="none"):
     raise NotImplementedError("ex04: your code here")

@@ -1,6 +1,6 @@
-# Generated from solutions/ex05_tensor_parallel.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex05_tensor_parallel.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex05_tensor_parallel.py
+#   python -m lecture_lib.grading grade exercises/ex05_tensor_parallel.py
 """Exercise 05: Megatron's f and g, and the column- and row-parallel linear layers.
 
 A linear layer computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.

@@ -1,6 +1,6 @@
-# Generated from solutions/ex07_pipeline_exchange.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex07_pipeline_exchange.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex07_pipeline_exchange.py
+#   python -m lecture_lib.grading grade exercises/ex07_pipeline_exchange.py
 """Exercise 07: the executor's step that sends an activation forward and a
 gradient back.
 

@@ -1,6 +1,6 @@
-# Generated from solutions/ex08_moe_dispatch.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex08_moe_dispatch.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex08_moe_dispatch.py
+#   python -m lecture_lib.grading grade exercises/ex08_moe_dispatch.py
 """Exercise 08: send tokens to their experts' ranks with all-to-all, and bring them back.
 
 Expert parallelism spreads ``num_experts`` experts over the ``p`` ranks of a

@@ -1,6 +1,6 @@
-# Generated from solutions/ex09_rank_grid.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex09_rank_grid.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex09_rank_grid.py
+#   python -m lecture_lib.grading grade exercises/ex09_rank_grid.py
 """Exercise 09: the rank grid of 3-D parallelism.
 
 With ``world_size = dp * tp * pp`` ranks, every rank has a coordinate along

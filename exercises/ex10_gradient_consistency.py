@@ -1,6 +1,6 @@
-# Generated from solutions/ex10_gradient_consistency.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex10_gradient_consistency.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex10_gradient_consistency.py
+#   python -m lecture_lib.grading grade exercises/ex10_gradient_consistency.py
 """Exercise 10: check that data-parallel replicas agree, and name the first that does not.
 
 After the gradient all-reduce, every data-parallel replica must hold the same

@@ -1,6 +1,6 @@
-# Generated from solutions/ex11_fix_ddp_step.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex11_fix_ddp_step.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex11_fix_ddp_step.py
+#   python -m lecture_lib.grading grade exercises/ex11_fix_ddp_step.py
 """Exercise 11: fix a buggy data-parallel training step.
 
 ``buggy_train_step`` below is one data-parallel step as a rank runs it: each

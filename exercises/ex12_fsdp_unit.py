@@ -1,6 +1,6 @@
-# Generated from solutions/ex12_fsdp_unit.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex12_fsdp_unit.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex12_fsdp_unit.py
+#   python -m lecture_lib.grading grade exercises/ex12_fsdp_unit.py
 """Exercise 12: one FSDP unit, with a compute dtype (Stanford CS336 2026, PyTorch FSDP2).
 
 ``FSDPUnit(module, compute_dtype)`` shards ``module``'s parameters over the

@@ -1,6 +1,6 @@
-# Generated from solutions/ex13_ring_attention.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex13_ring_attention.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex13_ring_attention.py
+#   python -m lecture_lib.grading grade exercises/ex13_ring_attention.py
 """Exercise 13: ring attention, the online-softmax merge and one step of the ring.
 
 Ring attention (Liu et al. 2023) splits the sequence over the ranks. Each rank

@@ -1,6 +1,6 @@
-# Generated from solutions/ex14_ddp_step_time.py by `python -m lecture_lib.exercises`.
+# Generated from solutions/ex14_ddp_step_time.py by `python -m lecture_lib.grading stubs`.
 # Students: fill in every NotImplementedError below, then check your work with
-#   python -m lecture_lib.grade exercises/ex14_ddp_step_time.py
+#   python -m lecture_lib.grading grade exercises/ex14_ddp_step_time.py
 """Exercise 14: the step time of bucketed DDP, from two streams.
 
 Bucketed DDP (Li et al. 2020, "PyTorch Distributed", section 3.2.3) all-reduces

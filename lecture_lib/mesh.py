@@ -11,11 +11,13 @@ before any process starts, to check and to draw a configuration);
 :class:`RankGrid` builds the real process groups on torch's ``DeviceMesh``.
 
 The context-parallel axis ``cp`` (the sequence split over ranks,
-:mod:`lecture_lib.context_parallel`) goes just outside ``tp`` in
-:func:`grid_dims`: ring attention's K/V sends are the heaviest traffic after
-tensor parallelism's (Megatron-Core orders its groups tp, cp, ..., dp, pp from
-fastest). A grid without ``cp`` has ``cp = 1``: :func:`grid_groups` and
-:class:`RankGrid` answer for it as for a dimension of size one.
+:mod:`lecture_lib.context_parallel`) goes just outside ``tp``: ring attention's
+K/V sends are the heaviest traffic after tensor parallelism's (Megatron-Core
+orders its groups tp, cp, ..., dp, pp from fastest). A run's grid comes from its
+layout, :meth:`RankGrid.from_dims` of a :class:`lecture_lib.dims.ParallelDims`,
+and has every axis (size 1 when unused). A grid named by hand may leave ``cp``
+out: :func:`grid_groups` and :class:`RankGrid` answer for it as for a dimension
+of size one.
 """
 from __future__ import annotations
 
@@ -24,20 +26,12 @@ import math
 import torch.distributed as dist
 
 from .comm import LOCAL
+from .dims import AXES, ParallelDims
 
-ORDER = ("dp", "pp", "cp", "tp")
+ORDER = AXES
 """The course's grid order, slowest to fastest (the last stays inside a node)."""
 DEFAULT_ONE = ("cp",)
 """Dimensions a grid may leave out: absent, they have size 1."""
-
-
-def grid_dims(dp: int = 1, pp: int = 1, cp: int = 1, tp: int = 1) -> dict[str, int]:
-    """``{"dp", "pp", ["cp",] "tp"}`` in :data:`ORDER`; ``cp`` only when it is > 1, so a
-    grid without context parallelism is exactly the dp x pp x tp grid."""
-    dims = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
-    if cp == 1:
-        del dims["cp"]
-    return dims
 
 
 def check_grid(world_size: int, dims: dict[str, int]) -> None:
@@ -96,6 +90,12 @@ class RankGrid:
         self.mesh = init_device_mesh(device_type, tuple(dims.values()),
                                      mesh_dim_names=tuple(dims))
         self.coords = grid_coordinates(self.rank, self.dims)
+
+    @classmethod
+    def from_dims(cls, dims: ParallelDims, device_type: str | None = None) -> RankGrid:
+        """The grid of a layout: every axis of :data:`ORDER`, tp fastest."""
+        dims.check(dist.get_world_size())
+        return cls(device_type, **dims.sizes())
 
     def _absent(self, name: str) -> bool:
         return name in DEFAULT_ONE and name not in self.dims

@@ -1,7 +1,7 @@
 """Exercise 04: how many bytes one device holds when training a transformer.
 
 Write ``memory_per_device(num_params, layers, hidden, heads, seq_len,
-micro_batch, dp=1, tp=1, pp=1, zero_stage=0, recompute="none")`` returning a
+microbatch_size, dp=1, tp=1, pp=1, zero_stage=0, recompute="none")`` returning a
 dict with the bytes of ``"params"``, ``"grads"``, ``"optimizer"``,
 ``"activations"`` and their ``"total"``, for mixed-precision Adam:
 
@@ -22,11 +22,11 @@ mode, or any size below 1.
 """
 
 
-def memory_per_device(num_params, layers, hidden, heads, seq_len, micro_batch, dp=1, tp=1,
+def memory_per_device(num_params, layers, hidden, heads, seq_len, microbatch_size, dp=1, tp=1,
                       pp=1, zero_stage=0, recompute="none"):
     # BEGIN SOLUTION
     for name, v in (("num_params", num_params), ("layers", layers), ("hidden", hidden),
-                    ("heads", heads), ("seq_len", seq_len), ("micro_batch", micro_batch),
+                    ("heads", heads), ("seq_len", seq_len), ("microbatch_size", microbatch_size),
                     ("dp", dp), ("tp", tp), ("pp", pp)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, not {v}")
@@ -38,7 +38,7 @@ def memory_per_device(num_params, layers, hidden, heads, seq_len, micro_batch, d
     params = 2 * psi / (dp if zero_stage >= 3 else 1)
     grads = 2 * psi / (dp if zero_stage >= 2 else 1)
     optimizer = 12 * psi / (dp if zero_stage >= 1 else 1)
-    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    s, b, h, a, t = seq_len, microbatch_size, hidden, heads, tp
     if recompute == "full":
         per_layer = 2 * s * b * h
     else:

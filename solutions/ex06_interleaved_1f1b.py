@@ -13,10 +13,10 @@ the pipeline fills and drains ``v`` times faster and the bubble becomes
 
     (p - 1) / (v m + p - 1).
 
-Write ``interleaved_1f1b(num_stages, num_microbatches, chunks)``: for every rank,
+Write ``interleaved_1f1b(num_stages, microbatches, chunks)``: for every rank,
 the ordered list of its actions, ``Action("F", i, c)`` (forward of micro-batch
 ``i`` through the rank's chunk ``c``) and ``Action("B", i, c)`` (its backward).
-Raise ``ValueError`` unless ``chunks >= 2`` and ``num_microbatches`` is a
+Raise ``ValueError`` unless ``chunks >= 2`` and ``microbatches`` is a
 multiple of ``num_stages`` (the schedule works on micro-batches in groups of p).
 
 Your lists are checked, rank by rank, by :func:`lecture_lib.pipeline.validate`
@@ -35,7 +35,7 @@ forward, so they do hold all ``m`` (what Megatron-LM's schedule does too), and
 only the later ranks hold fewer. Build a schedule with
 ``lecture_lib.pipeline.Schedule("mine", p, m, v, tuple(map(tuple, actions)))``
 to run these checks yourself, and draw it with
-``lecture_lib.plots.plot_timeline(ax, simulate(schedule, 1, 2).timeline,
+``lecture_lib.figures.plots.plot_timeline(ax, simulate(schedule, 1, 2).timeline,
 labels=True)``.
 
 Hint: start from 1F1B's three phases (warm-up forwards, one forward one
@@ -51,15 +51,15 @@ is the ``w_r`` above (a rank does two more for each stage after it: why?).
 from lecture_lib.pipeline import Action
 
 
-def interleaved_1f1b(num_stages: int, num_microbatches: int,
+def interleaved_1f1b(num_stages: int, microbatches: int,
                      chunks: int) -> list[list[Action]]:
     """``actions[r]``: rank r's ordered list of Action("F", i, c) and Action("B", i, c)."""
     # BEGIN SOLUTION
-    p, m, v = num_stages, num_microbatches, chunks
+    p, m, v = num_stages, microbatches, chunks
     if v < 2:
         raise ValueError(f"interleaving needs chunks >= 2, not {v}")
     if m % p:
-        raise ValueError(f"num_microbatches ({m}) must be a multiple of num_stages ({p})")
+        raise ValueError(f"microbatches ({m}) must be a multiple of num_stages ({p})")
     total = m * v                    # F (and B) actions per rank
 
     def nth(k: int, backward: bool) -> Action:

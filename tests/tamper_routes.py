@@ -148,10 +148,10 @@ LIBRARY_ANSWER = {
     "ex06_interleaved_1f1b.py": '''
 from lecture_lib.pipeline import make_schedule
 
-def interleaved_1f1b(num_stages, num_microbatches, chunks):
-    if chunks < 2 or num_microbatches % num_stages:
+def interleaved_1f1b(num_stages, microbatches, chunks):
+    if chunks < 2 or microbatches % num_stages:
         raise ValueError("cannot interleave")
-    return [list(a) for a in make_schedule("interleaved-1f1b", num_stages, num_microbatches,
+    return [list(a) for a in make_schedule("interleaved-1f1b", num_stages, microbatches,
                                            chunks).actions]
 ''',
     # the forbidden collective below the Python-level guard: the process group's own method
@@ -267,11 +267,11 @@ def combine(processed, plan, group=None):
     "ex04_memory_per_device.py": '''
 from lecture_lib import costmodel
 
-def memory_per_device(num_params, layers, hidden, heads, seq_len, micro_batch, dp=1, tp=1,
+def memory_per_device(num_params, layers, hidden, heads, seq_len, microbatch_size, dp=1, tp=1,
                       pp=1, zero_stage=0, recompute="none"):
     shape = costmodel.TransformerShape("mine", layers, hidden, heads, 50257, seq_len, num_params)
     return costmodel.memory_per_device(shape, dp=dp, tp=tp, pp=pp, zero_stage=zero_stage,
-                                       micro_batch=micro_batch, recompute=recompute)
+                                       microbatch_size=microbatch_size, recompute=recompute)
 ''',
     # the library's exchange, under the exercise's own name
     "ex07_pipeline_exchange.py": '''
@@ -563,7 +563,7 @@ _EX12_GATHER_PER_PARAMETER = '''\
 
 
 def _ex12_per_parameter() -> str:
-    from lecture_lib.exercises import SOLUTIONS  # noqa: PLC0415
+    from lecture_lib.grading.stubs import SOLUTIONS  # noqa: PLC0415
     lines = (SOLUTIONS / "ex12_fsdp_unit.py").read_text().splitlines(keepends=True)
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("def gather("))
     begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])

@@ -21,23 +21,28 @@ import pytest
 import torch
 
 import lecture_lib
-from lecture_lib import launch, metrics
+from lecture_lib import metrics
 from lecture_lib.capstone import checkpoint, cli, elastic
 from lecture_lib.capstone.cli import main as cli_main
 from lecture_lib.capstone.loader import TokenLoader
 from lecture_lib.capstone.train import TrainConfig, check_config, non_embedding_params, train
+from lecture_lib.dims import ParallelDims
 from lecture_lib.models import GPT, GPTConfig, train_reference
+from lecture_lib.runtime import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 # vocab 30: tok_emb's 30 rows do not split over 4 ranks, so fsdp(4) checkpoints it gathered
 MODEL = GPTConfig(vocab_size=30, seq_len=32, d_model=32, n_heads=4, n_layers=2)
 STEPS, K, LR, RTOL = 4, 2, 3e-3, 1e-5
-RUNS = {                                             # name -> grid and options
-    "ddp": dict(strategy="ddp", dp=2), "zero1": dict(strategy="zero1", dp=2),
-    "zero2": dict(strategy="zero2", dp=2), "fsdp": dict(strategy="fsdp", dp=2),
-    "tp": dict(strategy="tp", tp=2), "pp": dict(strategy="pp", pp=2, microbatches=2),
-    "cp": dict(strategy="cp", cp=2), "3d": dict(strategy="3d", dp=2, tp=2),
-    "fsdp4": dict(strategy="fsdp", dp=4),
+DP2 = ParallelDims(dp=2)
+RUNS = {                                             # name -> layout and options
+    "ddp": dict(strategy="ddp", dims=DP2), "zero1": dict(strategy="zero1", dims=DP2),
+    "zero2": dict(strategy="zero2", dims=DP2), "fsdp": dict(strategy="fsdp", dims=DP2),
+    "tp": dict(strategy="tp", dims=ParallelDims(tp=2)),
+    "pp": dict(strategy="pp", dims=ParallelDims(pp=2, microbatches=2)),
+    "cp": dict(strategy="cp", dims=ParallelDims(cp=2)),
+    "3d": dict(strategy="3d", dims=ParallelDims(dp=2, tp=2)),
+    "fsdp4": dict(strategy="fsdp", dims=ParallelDims(dp=4)),
 }
 
 
@@ -186,12 +191,12 @@ def test_fail_at_needs_a_checkpoint_before_it(cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "torchrun_main", no_ranks)
     ck = str(tmp_path / "ck")
     with pytest.raises(ValueError, match="fail_at=3 needs checkpoint_every >= 1"):
-        train(cfg, dp=2, checkpoint_dir=ck, fail_at=3, fail_rank=1)
+        train(cfg, dims=DP2, checkpoint_dir=ck, fail_at=3, fail_rank=1)
     with pytest.raises(ValueError, match=r"fail_at must be in \[checkpoint_every, steps\) "
                                          r"= \[2, 4\), not 1"):
-        train(cfg, dp=2, checkpoint_dir=ck, checkpoint_every=2, fail_at=1)
+        train(cfg, dims=DP2, checkpoint_dir=ck, checkpoint_every=2, fail_at=1)
     with pytest.raises(ValueError, match="= \\[2, 4\\), not 4"):
-        train(cfg, dp=2, checkpoint_dir=ck, checkpoint_every=2, fail_at=4)
+        train(cfg, dims=DP2, checkpoint_dir=ck, checkpoint_every=2, fail_at=4)
     for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)                 # as under torchrun
     with pytest.raises(ValueError, match="fail_at=3 needs checkpoint_every >= 1"):
@@ -205,14 +210,15 @@ def test_bad_input_before_any_process(cfg, tmp_path, monkeypatch):
         raise AssertionError("a process was started")
     monkeypatch.setattr(launch, "run", no_ranks)
     with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
-        train(cfg, strategy="zero4", dp=2)
+        train(cfg, strategy="zero4", dims=DP2)
     with pytest.raises(ValueError, match="has 4 ranks but world_size is 2"):
-        check_config(TrainConfig(MODEL, cfg.tokens, strategy="3d", dp=2, tp=2), world_size=2)
+        check_config(TrainConfig(MODEL, cfg.tokens, strategy="3d",
+                                 dims=ParallelDims(dp=2, tp=2)), world_size=2)
     with pytest.raises(ValueError, match="has 4 ranks but world_size is 2"):
         cli_main(["--strategy", "3d", "--dp", "2", "--tp", "2", "--world-size", "2",
                   "--tokens", cfg.tokens, "--vocab-size", "30"])
     with pytest.raises(ValueError, match="data-parallel ranks only"):
-        train(cfg, strategy="fsdp", dp=1, tp=2)
+        train(cfg, strategy="fsdp", dims=ParallelDims(tp=2))
     with pytest.raises(ValueError, match="fail_at needs a checkpoint_dir"):
         train(cfg, fail_at=2)
     other = tmp_path / "step_000004"                    # a checkpoint of another model
@@ -220,7 +226,7 @@ def test_bad_input_before_any_process(cfg, tmp_path, monkeypatch):
     meta = {"model": dict(MODEL.__dict__, d_model=64), "global_batch": 8, "data_seed": 0}
     (other / checkpoint.META).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="of another model: d_model=64 \\(this run 32\\)"):
-        train(cfg, strategy="ddp", dp=2, checkpoint_dir=str(tmp_path))
+        train(cfg, strategy="ddp", dims=DP2, checkpoint_dir=str(tmp_path))
 
 
 def test_mfu_counts_the_models_flops():

@@ -49,7 +49,7 @@ def test_memory_per_device_divides_by_tp_and_pp():
     (lambda: cm.activation_bytes_per_layer(-5, 1, 64, 4), "seq_len must be >= 1"),
     (lambda: cm.activation_bytes_per_layer(8, 1, 64, 4, recompute="some"), "recompute"),
     (lambda: cm.memory_per_device(cm.PRESETS["GPT-3 175B"], pp=5), "do not split"),
-    (lambda: cm.memory_per_device(cm.PRESETS["GPT-3 175B"], micro_batch=-2), "micro_batch"),
+    (lambda: cm.memory_per_device(cm.PRESETS["GPT-3 175B"], microbatch_size=-2), "microbatch_size"),
     (lambda: cm.TransformerShape("x", -1, 8, 2, 10, 4), "layers must be >= 1"),
 ])
 def test_bad_sizes_are_clear_errors(call, match):

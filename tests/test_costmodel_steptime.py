@@ -15,9 +15,11 @@ from lecture_lib.costmodel.steptime import (
     step_time,
     training_flops,
 )
+from lecture_lib.dims import ParallelDims
 
 GPT3 = PRESETS["GPT-3 175B"]
-LECTURE = Parallelism(dp=8, tp=8, pp=16, micro_batch=1, zero_stage=1, recompute="full")
+LECTURE = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1, zero_stage=1),
+                      recompute="full")
 
 
 def test_placement_decides_the_link():
@@ -25,9 +27,9 @@ def test_placement_decides_the_link():
     assert group_link(LECTURE, "tp", c) is c.intra            # tp innermost: 8 ranks, one node
     assert group_link(LECTURE, "pp", c) is c.inter
     assert group_link(LECTURE, "dp", c) is c.inter
-    dp_inner = Parallelism(dp=8, tp=8, pp=16, inner="dp")
+    dp_inner = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1), inner="dp")
     assert group_link(dp_inner, "dp", c) is c.intra and group_link(dp_inner, "tp", c) is c.inter
-    assert group_link(Parallelism(dp=1, tp=8), "dp", c) is None
+    assert group_link(Parallelism(ParallelDims(dp=1, tp=8)), "dp", c) is None
 
 
 def test_gpt3_lecture_configuration():
@@ -46,14 +48,15 @@ def test_gpt3_lecture_configuration():
 
 def test_tensor_parallel_across_nodes_is_much_slower():
     inside = step_time(GPT3, LECTURE, A100_CLUSTER, 1536)
-    across = step_time(GPT3, Parallelism(dp=8, tp=8, pp=16, zero_stage=1, recompute="full",
-                                         inner="dp"), A100_CLUSTER, 1536)
+    across = step_time(GPT3, replace(LECTURE, inner="dp"), A100_CLUSTER, 1536)
     assert across.tp_comm > 5 * inside.tp_comm
 
 
 def test_more_devices_less_compute_per_device():
-    one = step_time(GPT3, Parallelism(dp=1, tp=8, pp=16), A100_CLUSTER, 1536)
-    eight = step_time(GPT3, Parallelism(dp=8, tp=8, pp=16), A100_CLUSTER, 1536)
+    one = step_time(GPT3, Parallelism(ParallelDims(dp=1, tp=8, pp=16, microbatch_size=1)),
+                    A100_CLUSTER, 1536)
+    eight = step_time(GPT3, Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1)),
+                      A100_CLUSTER, 1536)
     assert one.compute == pytest.approx(8 * eight.compute)
 
 
@@ -71,29 +74,30 @@ def test_planner_ranks_what_fits_and_finds_the_lecture_config():
     text = explain(plans[0], plans)
     assert text.startswith("Best: ") and "s per step" in text
     # pure data parallelism cannot hold 175B parameters in 80 GB, whatever the ZeRO stage
-    assert all(not (p.parallelism.tp == 1 and p.parallelism.pp == 1) for p in plans)
+    assert all(not (p.parallelism.dims.tp == 1 and p.parallelism.dims.pp == 1) for p in plans)
 
 
 def test_candidates_respect_divisibility():
     for par in candidates(GPT3, 64, 512):
-        assert par.devices == 64 and 96 % par.pp == 0 and 96 % par.tp == 0
-        assert 512 % (par.dp * par.micro_batch) == 0
+        d = par.dims
+        assert par.devices == 64 and 96 % d.pp == 0 and 96 % d.tp == 0
+        assert 512 % (d.dp * d.microbatch_size) == 0
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="not a whole number of micro-batches"):
-        microbatches(100, Parallelism(dp=8, micro_batch=1))
+        microbatches(100, Parallelism(ParallelDims(dp=8, microbatch_size=1)))
     with pytest.raises(ValueError, match="no configuration"):
         plan(GPT3, Cluster("tiny", 1, 8, 1e15, 16e9, Link("a", 1e-6, 1e11),
                            Link("b", 1e-5, 1e10)), 1536)
     with pytest.raises(ValueError, match="global batch"):
         plan(GPT3, A100_CLUSTER, 0)
     with pytest.raises(ValueError, match="does not divide"):
-        step_time(GPT3, Parallelism(pp=5), A100_CLUSTER, 1536)
+        step_time(GPT3, Parallelism(ParallelDims(pp=5)), A100_CLUSTER, 1536)
     with pytest.raises(ValueError, match="inner"):
-        Parallelism(inner="ep")
+        Parallelism(ParallelDims(), inner="ep")
     with pytest.raises(ValueError, match="dp"):
-        Parallelism(dp=0)
+        Parallelism(ParallelDims(dp=0))
 
 
 def test_memory_bound_work_counts_only_where_the_cluster_states_a_bandwidth():
@@ -128,4 +132,4 @@ def test_bad_optimizer_and_overlap():
     with pytest.raises(ValueError, match="optimizer"):
         step_time(GPT3, LECTURE, A100_CLUSTER, 1536, optimizer="lamb")
     with pytest.raises(TypeError, match="dp_overlap"):
-        Parallelism(dp_overlap="no")
+        Parallelism(ParallelDims(), dp_overlap="no")

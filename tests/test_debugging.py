@@ -136,15 +136,15 @@ def test_clipping_tames_a_learning_rate_that_diverges_and_runs_come_back_in_orde
 def test_determinism_same_seed_same_losses_and_what_breaks_it():
     a, b = debugging.train_gpt(steps=4), debugging.train_gpt(steps=4)
     assert a["losses"] == b["losses"]                          # bit for bit
-    split = debugging.train_gpt(steps=4, micro_batches=4)      # another order of additions
+    split = debugging.train_gpt(steps=4, microbatches=4)      # another order of additions
     assert split["losses"] == pytest.approx(a["losses"], rel=1e-5)
     other = debugging.train_gpt(steps=4, data_seed=1)
     assert other["losses"][1:] != pytest.approx(a["losses"][1:], rel=1e-3)
 
 
 def test_train_gpt_refuses_bad_input():
-    with pytest.raises(ValueError, match="micro_batches"):
-        debugging.train_gpt(batch_size=6, micro_batches=4)
+    with pytest.raises(ValueError, match="microbatches"):
+        debugging.train_gpt(batch_size=6, microbatches=4)
     with pytest.raises(ValueError, match="lr"):
         debugging.train_gpt(lr=0)
     with pytest.raises(ValueError, match="configs"):

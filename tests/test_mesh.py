@@ -3,7 +3,8 @@ import pytest
 
 import lecture_lib
 from lecture_lib.comm import LOCAL
-from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_dims, grid_groups
+from lecture_lib.dims import ParallelDims
+from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_groups
 
 
 def test_coordinates_are_row_major_last_dim_fastest():
@@ -45,9 +46,12 @@ def test_a_rank_grid_of_the_wrong_size_fails_on_every_rank():
 
 
 def test_cp_axis_sits_just_outside_tp_and_defaults_to_one():
-    dims = grid_dims(dp=2, cp=2, tp=2)
+    dims = ParallelDims(dp=2, cp=2, tp=2).sizes()
     assert list(dims) == ["dp", "pp", "cp", "tp"]
-    assert grid_dims(dp=2, tp=2) == {"dp": 2, "pp": 1, "tp": 2}       # no cp: the old grid
+    no_cp = ParallelDims(dp=2, tp=2).sizes()                 # every axis, cp of size one
+    assert no_cp == {"dp": 2, "pp": 1, "cp": 1, "tp": 2}
+    for axis in ("dp", "tp"):                                # the same groups as without cp
+        assert grid_groups(no_cp, axis) == grid_groups({"dp": 2, "pp": 1, "tp": 2}, axis)
     assert grid_coordinates(5, dims) == {"dp": 1, "pp": 0, "cp": 0, "tp": 1}
     assert grid_groups(dims, "cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert grid_groups({"dp": 2, "tp": 2}, "cp") == [[0], [1], [2], [3]]
@@ -60,7 +64,7 @@ def test_cp_axis_sits_just_outside_tp_and_defaults_to_one():
 
 def test_real_cp_groups_match_the_arithmetic():
     def on_rank():
-        with_cp, without = RankGrid(**grid_dims(dp=2, cp=2)), RankGrid(dp=4)
+        with_cp, without = RankGrid.from_dims(ParallelDims(dp=2, cp=2)), RankGrid(dp=4)
         return (with_cp.coord("cp"), with_cp.ranks("cp"), without.size("cp"),
                 without.coord("cp"), without.ranks("cp"), without.group("cp") == LOCAL)
 
@@ -69,3 +73,40 @@ def test_real_cp_groups_match_the_arithmetic():
         assert coord == grid_coordinates(rank, {"dp": 2, "pp": 1, "cp": 2})["cp"]
         assert ranks in grid_groups({"dp": 2, "cp": 2}, "cp") and rank in ranks
         assert (size, c0, alone, local) == (1, 0, [rank], True)
+
+
+def test_a_layout_builds_its_grid_with_every_axis_tp_fastest():
+    dims = ParallelDims(dp=2, tp=2)
+
+    def on_rank():
+        grid = RankGrid.from_dims(dims)
+        return grid.dims, grid.ranks("tp"), grid.ranks("dp"), grid.ranks("cp")
+
+    for rank, (sizes, tp, dp, cp) in enumerate(lecture_lib.run(on_rank, 4, timeout=60)):
+        assert sizes == {"dp": 2, "pp": 1, "cp": 1, "tp": 2}
+        assert tp == [rank - rank % 2, rank - rank % 2 + 1] and dp == [rank % 2, rank % 2 + 2]
+        assert cp == [rank]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dp=0), "dp must be a whole number >= 1"),
+    (dict(zero_stage=4), "zero_stage must be one of"),
+    (dict(zero_stage=True), "zero_stage must be one of"),
+    (dict(microbatches=0), "microbatches must be"),
+    (dict(dp=2, ep=3), "ep=3 must divide dp=2"),
+])
+def test_bad_layouts_fail_with_the_layout_named(kwargs, match):
+    with pytest.raises(ValueError, match=f"^parallel layout .*{match}"):
+        ParallelDims(**kwargs)
+
+
+def test_a_layout_checks_its_world_size_and_splits_a_batch():
+    with pytest.raises(ValueError, match="has 4 ranks but world_size is 8"):
+        ParallelDims(dp=2, tp=2).check(8)
+    assert ParallelDims(dp=2, microbatches=2).split(8) == (2, 2)
+    assert ParallelDims(dp=2, microbatch_size=1).split(8) == (4, 1)
+    assert ParallelDims(dp=2).split(8) == (1, 4)
+    with pytest.raises(ValueError, match="does not split over dp=3"):
+        ParallelDims(dp=3).split(8)
+    with pytest.raises(ValueError, match="are not the 4 sequences"):
+        ParallelDims(dp=2, microbatches=2, microbatch_size=1).split(8)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import emulate, launch
+from lecture_lib import emulate
 from lecture_lib import pipeline as pp
 from lecture_lib.costmodel import (
     peak_microbatches,
@@ -25,6 +25,8 @@ from lecture_lib.models import (
     lm_loss,
     train_reference,
 )
+from lecture_lib.pipeline import experiments as ppx
+from lecture_lib.runtime import launch
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=8)
 BATCH, STEPS, LR = 8, 2, 0.1
@@ -85,7 +87,7 @@ def test_validator_rejects_broken_schedules():
 @pytest.mark.parametrize("args,match", [
     (("pipedream", 2, 4), "unknown schedule"),
     (("1f1b", 0, 4), "num_stages must be"),
-    (("gpipe", 2, 0), "num_microbatches must be"),
+    (("gpipe", 2, 0), "microbatches must be"),
     (("interleaved-1f1b", 4, 2, 2), "m >= p"),
     (("interleaved-1f1b", 2, 4, 1), "chunks >= 2"),
     (("1f1b", 2, 4, 2), "one model chunk"),
@@ -164,9 +166,9 @@ def test_bad_input_fails_before_any_process_starts(cfg, name, p, m, v, batch, ma
         raise AssertionError("a process was started")
     monkeypatch.setattr(launch, "run", no_ranks)
     with pytest.raises(ValueError, match=match):
-        pp.train(cfg, name, p, m, chunks=v, batch_size=batch)
+        ppx.train(cfg, name, p, m, chunks=v, batch_size=batch)
     with pytest.raises(ValueError, match="cost must be"):
-        pp.train(CFG, "1f1b", 2, 2, batch_size=8, cost=(0.01, -1))
+        ppx.train(CFG, "1f1b", 2, 2, batch_size=8, cost=(0.01, -1))
 
 
 # ----------------------------------------------------------------------------
@@ -195,8 +197,8 @@ def test_every_schedule_equals_one_process_training(p, reference):
     schedules = [pp.make_schedule("gpipe", p, 4), pp.make_schedule("1f1b", p, 4),
                  pp.make_schedule("1f1b", p, 2), pp.make_schedule("zb-h1", p, 4),
                  pp.make_schedule("interleaved-1f1b", p, 4, 2)]
-    runs = pp.train_many(CFG, schedules, batch_size=BATCH, steps=STEPS, lr=LR,
-                         optimizer="sgd", timeout=180)
+    runs = ppx.train_many(CFG, schedules, batch_size=BATCH, steps=STEPS, lr=LR,
+                          optimizer="sgd", timeout=180)
     for s, run in zip(schedules, runs):
         assert set(run.grads) == set(grads), s.name
         for name, g in grads.items():            # first step's gradients, rtol 1e-5
@@ -214,9 +216,9 @@ def test_every_schedule_equals_one_process_training(p, reference):
 def test_1f1b_holds_fewer_activations_than_gpipe(reference):
     """Measured saved-tensor bytes: GPipe holds m micro-batches per rank, 1F1B p - rank."""
     p, m = 2, 4
-    gpipe, one = pp.train_many(CFG, [pp.make_schedule("gpipe", p, m),
-                                     pp.make_schedule("1f1b", p, m)],
-                               batch_size=BATCH, steps=1, timeout=120)
+    gpipe, one = ppx.train_many(CFG, [pp.make_schedule("gpipe", p, m),
+                                      pp.make_schedule("1f1b", p, m)],
+                                batch_size=BATCH, steps=1, timeout=120)
     for rank in range(p):
         ratio = one.peak_activation_bytes[rank] / gpipe.peak_activation_bytes[rank]
         expected = peak_microbatches("1f1b", p, m, rank) / peak_microbatches("gpipe", p, m, rank)
@@ -226,7 +228,7 @@ def test_1f1b_holds_fewer_activations_than_gpipe(reference):
 def _on_reordered_ranks(cfg, batch):
     """Stage 0 on rank 1 and stage 1 on rank 0: the executor follows ``ranks``."""
     s = pp.make_schedule("1f1b", 2, 2)
-    return pp.train_stage(s, cfg, batch, 1, ranks=[1, 0], optimizer="sgd", lr=LR)
+    return ppx.train_stage(s, cfg, batch, 1, ranks=[1, 0], optimizer="sgd", lr=LR)
 
 
 def test_stages_on_any_ranks(reference):
@@ -243,7 +245,7 @@ def _failing_exchange(cfg, batch):
         if dist.get_rank() == 1:
             raise RuntimeError("link down")
         return pp.exchange(sends, recvs, group)
-    return pp.train_stage(pp.make_schedule("1f1b", 2, 2), cfg, batch, 1, exchange=broken)
+    return ppx.train_stage(pp.make_schedule("1f1b", 2, 2), cfg, batch, 1, exchange=broken)
 
 
 def test_a_failing_rank_ends_the_step_with_a_clear_error():
@@ -259,7 +261,7 @@ def test_fixed_cost_mode_shows_the_schedule():
     cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=2, n_layers=4)
     cost = (0.005, 0.010)
     schedules = [pp.make_schedule("1f1b", 4, m) for m in (1, 8)]
-    runs = pp.train_many(cfg, schedules, batch_size=8, steps=2, cost=cost, timeout=120)
+    runs = ppx.train_many(cfg, schedules, batch_size=8, steps=2, cost=cost, timeout=120)
     measured = []
     for s, run in zip(schedules, runs):
         for step in run.timelines:
@@ -267,7 +269,7 @@ def test_fixed_cost_mode_shows_the_schedule():
                 for kind, start, end, _ in spans:
                     assert end - start >= {"F": cost[0], "B": cost[1]}[kind] * 0.999
         measured.append(min(pp.bubble_of(t) for t in run.timelines))
-        assert measured[-1] >= pipeline_bubble(4, s.num_microbatches) - 0.03
+        assert measured[-1] >= pipeline_bubble(4, s.microbatches) - 0.03
         assert all(latency >= 0 for latency in run.latencies)
     assert measured[0] > measured[1] + 0.2         # theory: 0.75 against 0.27
 
@@ -287,8 +289,8 @@ def _two_pipelines(cfg, batch):
     """Ranks {0, 1} and {2, 3} each run their own 2-stage pipeline (as on a dp x pp grid)."""
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[dist.get_rank() // 2]
-    return pp.train_stage(pp.make_schedule("1f1b", 2, 4), cfg, batch, 1, group=mine,
-                          optimizer="sgd", lr=LR)
+    return ppx.train_stage(pp.make_schedule("1f1b", 2, 4), cfg, batch, 1, group=mine,
+                           optimizer="sgd", lr=LR)
 
 
 def test_pipelines_on_process_groups(reference):
@@ -304,7 +306,7 @@ def test_pipelines_on_process_groups(reference):
 def test_fixed_cost_wait_ends_at_its_deadline_not_before():
     for wait in (0.0, 0.004, 0.02):
         deadline = time.perf_counter() + wait
-        pp.nap_until(deadline)
+        ppx.nap_until(deadline)
         late = time.perf_counter() - deadline
         assert 0 <= late < 0.05, (wait, late)        # wide: a loaded machine can delay any wake-up
 
@@ -400,17 +402,17 @@ def test_bad_unequal_or_emulated_runs_fail_before_any_process_starts(kwargs, mat
         raise AssertionError("a process was started")
     monkeypatch.setattr(launch, "run", no_ranks)
     with pytest.raises(ValueError, match=match):
-        pp.train(CFG, "1f1b", 4, 4, batch_size=8, **kwargs)
+        ppx.train(CFG, "1f1b", 4, 4, batch_size=8, **kwargs)
     with pytest.raises(ValueError, match=match):
-        pp.train_many(CFG, [pp.make_schedule("1f1b", 4, 4)], batch_size=8, **kwargs)
+        ppx.train_many(CFG, [pp.make_schedule("1f1b", 4, 4)], batch_size=8, **kwargs)
     if "cost" not in kwargs:
         with pytest.raises(ValueError, match=match):
-            pp.measure_emulated_bubbles(CFG, [pp.make_schedule("gpipe", 4, 4)], 2, **kwargs)
+            ppx.measure_emulated_bubbles(CFG, [pp.make_schedule("gpipe", 4, 4)], 2, **kwargs)
     for bad in (0, 2.0, True):
-        with pytest.raises(ValueError, match="micro_batch"):
-            pp.measure_emulated_bubbles(CFG, [pp.make_schedule("gpipe", 4, 4)], bad)
+        with pytest.raises(ValueError, match="microbatch_size"):
+            ppx.measure_emulated_bubbles(CFG, [pp.make_schedule("gpipe", 4, 4)], bad)
     with pytest.raises(ValueError, match="one or more schedules"):
-        pp.measure_emulated_bubbles(CFG, [], 2)
+        ppx.measure_emulated_bubbles(CFG, [], 2)
 
 
 EMU_CFG = GPTConfig(vocab_size=32, seq_len=32, d_model=64, n_heads=2, n_layers=8)   # 4 x 2 blocks
@@ -427,8 +429,8 @@ def _emulated_and_plain(cfg, batch):
     """The same 1F1B steps without and with the emulation (twice, calibrated), and with the
     idealised charges on an equal and an unequal split."""
     s = pp.make_schedule("1f1b", 4, 4)
-    run = lambda **kw: pp.train_stage(s, cfg, batch, 1, optimizer="sgd", lr=LR,  # noqa: E731
-                                      activations=False, **kw)
+    run = lambda **kw: ppx.train_stage(s, cfg, batch, 1, optimizer="sgd", lr=LR,  # noqa: E731
+                                       activations=False, **kw)
     return {"plain": run(), "emulated": run(preset="a100-node"),
             "again": run(preset="a100-node"), "equal": run(preset=ROOFLINE),
             "unequal": run(preset=ROOFLINE, layers=(1, 1, 1, 5))}
@@ -439,7 +441,7 @@ def test_emulated_pipeline_is_bit_identical_deterministic_and_shows_the_bubble()
     costs a large share of a stage here (notebook 06 measures a model where it does not):
     only what holds at any ratio is asserted, and the simulator's account of it."""
     results = lecture_lib.run(_emulated_and_plain, 4, EMU_CFG, 128, timeout=180)
-    runs = {k: pp.merge(pp.make_schedule("1f1b", 4, 4), [r[k] for r in results])
+    runs = {k: ppx.merge(pp.make_schedule("1f1b", 4, 4), [r[k] for r in results])
             for k in results[0]}
     plain, emu = runs["plain"], runs["emulated"]
     assert plain.losses == emu.losses and len(emu.losses) == 1        # bit for bit
@@ -448,7 +450,7 @@ def test_emulated_pipeline_is_bit_identical_deterministic_and_shows_the_bubble()
     assert plain.time_kind == "real" and emu.time_kind == "emulated A100 + NVLink"
     assert emu.timelines == runs["again"].timelines                   # virtual time: the same
     assert emu.latencies == runs["again"].latencies and emu.latencies[-1] > 0
-    calibrated, equal, unequal = (pp.bubble_report(runs[k])
+    calibrated, equal, unequal = (ppx.bubble_report(runs[k])
                                   for k in ("emulated", "equal", "unequal"))
     for rep in (calibrated, equal, unequal):
         assert rep["bubble"] >= rep["theory"] - 1e-9                  # nothing beats the formula

@@ -115,7 +115,7 @@ def test_bad_emulated_profiles_are_refused_before_any_process_starts(monkeypatch
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
+    monkeypatch.setattr(lecture_lib.runtime.launch, "run", no_launch)
     with pytest.raises(ValueError, match="unknown emulation preset"):
         profiling.profile_run(profiling.data_parallel_step, 2, emulate="tpu-pod")
     with pytest.raises(ValueError, match="trace"):
@@ -186,7 +186,7 @@ def _two_steps_each():
         step(0)
         step(1)
         out[sync] = {n: p.detach().clone() for n, p in step.model.named_parameters()}
-    pipe = profiling.pipeline_step(Timer(), batch_size=8, micro_batches=2, cfg=TINY)
+    pipe = profiling.pipeline_step(Timer(), batch_size=8, microbatches=2, cfg=TINY)
     pipe(0)
     pipe(1)
     held = {id(p) for p in pipe.params}
@@ -209,7 +209,7 @@ def test_profiled_workloads_train_like_one_process():
 
 
 def test_profile_of_the_pipeline_executor_names_its_sends_not_all_reduce():
-    profiles = profiling.profile_run(profiling.pipeline_step, 2, batch_size=8, micro_batches=2,
+    profiles = profiling.profile_run(profiling.pipeline_step, 2, batch_size=8, microbatches=2,
                                      cfg=TINY, active=2, timeout=120)
     for p in profiles:
         assert {"send", "recv"} & p.comm_kinds and "all_reduce" not in p.comm_kinds

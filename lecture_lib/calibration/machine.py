@@ -11,12 +11,12 @@ the machine at hand and keep everything else as the formulas of
    left of the first is FLOPs at the rank's rate. Ranks beyond the number of
    cores share them, so a "device" here runs at ``rate * min(1, cores / ranks)``;
 2. the link: alpha and beta from a fit of measured all-reduce times
-   (:func:`lecture_lib.collectives.bandwidth_sweep` and ``fit_sweep``), turned
+   (:func:`lecture_lib.bandwidth.bandwidth_sweep` and ``fit_sweep``), turned
    into per-step latency and bandwidth with the ring formula
    (all-reduce = ``2 (p-1) alpha + 2 (p-1)/p n / beta``).
 
-Then :func:`predict_vs_measured` trains the small GPT under several
-``(dp, tp, pp)`` configurations with :mod:`lecture_lib.hybrid`, and sets the
+Then :func:`predict_vs_measured` trains the small GPT under several layouts
+(:class:`lecture_lib.dims.ParallelDims`) with :mod:`lecture_lib.hybrid`, and sets the
 measured step time beside the model's prediction.
 """
 from __future__ import annotations
@@ -26,14 +26,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import launch
-from ..collectives import bandwidth_sweep, fit_sweep
+from ..bandwidth import bandwidth_sweep, fit_sweep
 from ..costmodel.comm import Link, bus_factor
 from ..costmodel.memory import TransformerShape
 from ..costmodel.steptime import Cluster, Parallelism, step_time, training_flops
-from ..hybrid import HybridConfig, step_seconds, train_hybrid
+from ..dims import ParallelDims
+from ..hybrid import step_seconds, train_hybrid
 from ..models import GPT, GPTConfig
 from ..progress import progress
+from ..runtime import launch
 
 
 def shape_of(cfg: GPTConfig) -> TransformerShape:
@@ -91,7 +92,7 @@ def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
     seconds = {1: [], microbatches: []}
     runs = [m for _ in range(repeats) for m in seconds]         # alternate 1 and m
     for m in progress(runs, "calibration: one-rank runs (1 and m micro-batches)"):
-        _, results = train_hybrid(cfg, HybridConfig(microbatches=m), batch_size, steps)
+        _, results = train_hybrid(cfg, ParallelDims(microbatches=m), batch_size, steps)
         seconds[m].append(step_seconds(results))
     return fit_compute(cfg, batch_size, microbatches, min(seconds[1]), min(seconds[microbatches]))
 
@@ -105,36 +106,30 @@ def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
                    efficiency=1.0, layer_overhead=overhead / share)
 
 
-def predict_on(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int,
-               microbatches: int, cluster: Cluster, optimizer: str = "adamw"):
-    """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one (dp, tp, pp)
-    run of :func:`lecture_lib.hybrid.train_hybrid` on ``cluster``: fp32 values, as the
-    course trains, and the gradient all-reduce after the pipeline, as ``hybrid`` does it."""
-    dp, tp, pp = config
-    model = Parallelism(dp, tp, pp, micro_batch=batch_size // (dp * microbatches),
-                        dp_overlap=False)
-    return step_time(shape_of(cfg), model, cluster, batch_size, value_bytes=4,
-                     optimizer=optimizer)
+def predict_on(cfg: GPTConfig, dims: ParallelDims, batch_size: int, cluster: Cluster,
+               optimizer: str = "adamw"):
+    """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one run of
+    :func:`lecture_lib.hybrid.train_hybrid` with layout ``dims`` on ``cluster``: fp32 values,
+    as the course trains, and the gradient all-reduce after the pipeline, as ``hybrid`` does."""
+    return step_time(shape_of(cfg), Parallelism(dims, dp_overlap=False), cluster, batch_size,
+                     value_bytes=4, optimizer=optimizer)
 
 
-def predict(cfg: GPTConfig, config: tuple[int, int, int], batch_size: int, microbatches: int,
-            rate: float, overhead: float, link: Link):
+def predict(cfg: GPTConfig, dims: ParallelDims, batch_size: int, rate: float, overhead: float,
+            link: Link):
     """:func:`predict_on` this machine (:func:`machine_cluster`) for the small GPT."""
-    dp, tp, pp = config
-    return predict_on(cfg, config, batch_size, microbatches,
-                      machine_cluster(rate, overhead, link, dp * tp * pp))
+    return predict_on(cfg, dims, batch_size,
+                      machine_cluster(rate, overhead, link, dims.world_size))
 
 
-def predict_vs_measured(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
+def predict_vs_measured(cfg: GPTConfig, configs: list[ParallelDims], batch_size: int,
                         rate: float, overhead: float, link: Link, steps: int = 6) -> list[dict]:
-    """For each (dp, tp, pp): the modelled and the measured seconds per step
-    (``microbatches`` micro-batches where there is a pipeline, else one)."""
+    """For each layout: the modelled and the measured seconds per step."""
     rows = []
-    for dp, tp, pp in progress(list(configs), "predicted vs measured: train each (dp, tp, pp)"):
-        m = microbatches if pp > 1 else 1
-        _, results = train_hybrid(cfg, HybridConfig(dp, tp, pp, microbatches=m), batch_size, steps)
-        predicted = predict(cfg, (dp, tp, pp), batch_size, m, rate, overhead, link)
-        rows.append({"config": (dp, tp, pp), "predicted": predicted.total,
+    for dims in progress(list(configs), "predicted vs measured: train each layout"):
+        _, results = train_hybrid(cfg, dims, batch_size, steps)
+        predicted = predict(cfg, dims, batch_size, rate, overhead, link)
+        rows.append({"config": dims, "predicted": predicted.total,
                      "measured": step_seconds(results), "parts": predicted.parts()})
     return rows
 

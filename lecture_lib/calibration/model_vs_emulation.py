@@ -33,13 +33,14 @@ import math
 
 import torch
 
-from .. import launch
 from ..costmodel.steptime import Cluster as ModelCluster
 from ..costmodel.traffic import check_optimizer
+from ..dims import ParallelDims
 from ..emulate import Cluster, emulated, preset
-from ..hybrid import HybridConfig, check_hybrid, step_seconds, train_on_rank
+from ..hybrid import check_hybrid, step_seconds, train_on_rank
 from ..models import GPTConfig
 from ..progress import progress
+from ..runtime import launch
 from .machine import predict_on
 
 EMULATED_GPT = GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_heads=4, n_layers=4)
@@ -57,67 +58,60 @@ def model_cluster(spec: str | Cluster = EMULATED_PRESET, ranks: int = 1) -> Mode
                         efficiency=1.0, memory_bandwidth=c.device.memory_bandwidth)
 
 
-def _pipeline(config, microbatches: int) -> HybridConfig:
-    dp, tp, pp = config
-    return HybridConfig(dp, tp, pp, microbatches=microbatches if pp > 1 else 1)
-
-
-def check_configs(cfg: GPTConfig, configs, batch_size: int, microbatches: int,
-                  steps: int) -> list[tuple[int, int, int]]:
-    """Every (dp, tp, pp) checked before a process starts; a clear error otherwise."""
+def check_configs(cfg: GPTConfig, configs, batch_size: int, steps: int) -> list[ParallelDims]:
+    """Every layout checked before a process starts; a clear error otherwise."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, not {type(cfg).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, not {steps!r}")
-    configs = [tuple(c) for c in configs]
+    configs = list(configs)
     if not configs:
         raise ValueError("no configuration to compare")
-    for config in configs:
-        if len(config) != 3:
-            raise ValueError(f"a configuration is (dp, tp, pp), not {config!r}")
-        check_hybrid(cfg, _pipeline(config, microbatches), batch_size)
+    for dims in configs:
+        if not isinstance(dims, ParallelDims):
+            raise TypeError(f"a configuration is a ParallelDims, not {dims!r}")
+        check_hybrid(cfg, dims, batch_size)
     return configs
 
 
-def _emulated_rank(cfg: GPTConfig, par: HybridConfig, batch_size: int, steps: int,
+def _emulated_rank(cfg: GPTConfig, dims: ParallelDims, batch_size: int, steps: int,
                    optimizer: str, spec: Cluster) -> dict:
     """Rank function: :func:`~lecture_lib.hybrid.train_on_rank` under the emulation; only
     its timings come back (its parameters and the clock's timeline would cost a transfer)."""
     with emulated(spec):
-        report = train_on_rank(cfg, par, batch_size, steps, optimizer=optimizer)
+        report = train_on_rank(cfg, dims, batch_size, steps, optimizer=optimizer)
     return {"step_seconds": report["step_seconds"]}
 
 
-def emulated_step(cfg: GPTConfig, config, batch_size: int, microbatches: int,
+def emulated_step(cfg: GPTConfig, dims: ParallelDims, batch_size: int,
                   spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
                   optimizer: str = "sgd", timeout: float = 300.0) -> dict:
     """Train under the emulation; emulated seconds per step (the slowest rank's; the steps
     after the first, or the first alone when ``steps`` is 1), and each phase's."""
-    par = _pipeline(config, microbatches)
-    results = launch.run(_emulated_rank, par.world_size, cfg, par, batch_size, steps,
+    results = launch.run(_emulated_rank, dims.world_size, cfg, dims, batch_size, steps,
                          optimizer, preset(spec), timeout=timeout)
     phases = {k: max(r["step_seconds"][k] for r in results) for k in results[0]["step_seconds"]}
     return {"seconds": step_seconds(results), "phases": phases}
 
 
-def predict_vs_emulated(cfg: GPTConfig = EMULATED_GPT, configs=((1, 1, 1),),
-                        batch_size: int = 16, microbatches: int = 4,
+ONE_RANK = (ParallelDims(),)
+
+
+def predict_vs_emulated(cfg: GPTConfig = EMULATED_GPT, configs=ONE_RANK, batch_size: int = 16,
                         spec: str | Cluster = EMULATED_PRESET, steps: int = 1,
                         optimizer: str = "sgd", timeout: float = 300.0) -> list[dict]:
-    """For each (dp, tp, pp): the cost model's seconds per step on the preset's constants
+    """For each layout: the cost model's seconds per step on the preset's constants
     and the emulated seconds of the same training, their relative error
     ``(predicted - emulated) / emulated``, the model's parts and the emulated phases."""
-    configs = check_configs(cfg, configs, batch_size, microbatches, steps)
+    configs = check_configs(cfg, configs, batch_size, steps)
     check_optimizer(optimizer)
     spec = preset(spec)
     rows = []
-    for config in progress(configs, "predicted vs emulated: train each (dp, tp, pp)"):
-        m = microbatches if config[2] > 1 else 1
-        cluster = model_cluster(spec, math.prod(config))
-        predicted = predict_on(cfg, config, batch_size, m, cluster, optimizer)
-        charged = emulated_step(cfg, config, batch_size, microbatches, spec, steps,
-                                optimizer, timeout)
-        rows.append({"config": config, "predicted": predicted.total,
+    for dims in progress(configs, "predicted vs emulated: train each layout"):
+        cluster = model_cluster(spec, dims.world_size)
+        predicted = predict_on(cfg, dims, batch_size, cluster, optimizer)
+        charged = emulated_step(cfg, dims, batch_size, spec, steps, optimizer, timeout)
+        rows.append({"config": dims, "predicted": predicted.total,
                      "emulated": charged["seconds"],
                      "error": predicted.total / charged["seconds"] - 1,
                      "parts": predicted.parts(), "phases": charged["phases"]})

@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from ..dims import ParallelDims
 from ..models import GPTConfig
 from .elastic import DEFAULT_TIMEOUT, check_failure, torchrun_main
 from .strategies import STRATEGIES
@@ -93,9 +94,10 @@ def config_from_args(args, world_size: int) -> TrainConfig:
                          **{k: v for k, v in overrides.items() if v is not None}})
     others = args.tp * args.pp * args.cp
     dp = args.dp if args.dp is not None else max(world_size // others, 1)
+    dims = ParallelDims(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp,
+                        microbatches=args.microbatches, schedule=args.schedule)
     return TrainConfig(model=model, tokens=tokens, val_tokens=val, strategy=args.strategy,
-                       dp=dp, tp=args.tp, pp=args.pp, cp=args.cp,
-                       microbatches=args.microbatches, schedule=args.schedule,
+                       dims=dims,
                        global_batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed,
                        data_seed=args.data_seed, log_every=args.log_every,
                        checkpoint_dir=args.checkpoint_dir,

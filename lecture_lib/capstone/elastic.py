@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..launch import choose_backend
+from ..runtime import choose_backend
 
 __all__ = ["DEFAULT_TIMEOUT", "EXIT_TIMEOUT", "GRACE", "Watchdog", "check_failure",
            "join_group", "maybe_fail", "restart_generation", "torchrun_main", "watch"]

@@ -9,7 +9,7 @@ recorded collectives. Time is real time on this machine, or with ``base.emulate`
 virtual time of an emulated cluster (``time_kind``; there the share is the communication
 stream's busy time, and the recorder stays off so that it does not serialise the streams);
 pipeline sends and receives are counted as the
-recorder's ``"send"`` kind (:func:`.strategies.recorded_exchange`); their time includes
+recorder's ``"send"`` kind (:func:`lecture_lib.hybrid.recorded_exchange`); their time includes
 the wait for the stage before, so a pipeline's share holds part of its bubble.
 :func:`loss_gaps` gives each run's largest relative loss difference from a
 reference run (the one-process run when the list has one).
@@ -22,22 +22,23 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from .. import launch
+from ..dims import ParallelDims
 from ..progress import progress
+from ..runtime import launch
 from .train import TrainConfig, check_config, measured_peak_flops, train, train_on_rank
 
 DEFAULT_RUNS = {
-    "1 process": dict(strategy="ddp", dp=1),
-    "ddp": dict(strategy="ddp", dp=2),
-    "zero1": dict(strategy="zero1", dp=2),
-    "zero2": dict(strategy="zero2", dp=2),
-    "fsdp": dict(strategy="fsdp", dp=2),
-    "tp": dict(strategy="tp", tp=2),
-    "pp": dict(strategy="pp", pp=2, microbatches=2),
-    "cp": dict(strategy="cp", cp=2),
-    "3d": dict(strategy="3d", tp=2, pp=2, microbatches=2),
+    "1 process": dict(strategy="ddp", dims=ParallelDims()),
+    "ddp": dict(strategy="ddp", dims=ParallelDims(dp=2)),
+    "zero1": dict(strategy="zero1", dims=ParallelDims(dp=2)),
+    "zero2": dict(strategy="zero2", dims=ParallelDims(dp=2)),
+    "fsdp": dict(strategy="fsdp", dims=ParallelDims(dp=2)),
+    "tp": dict(strategy="tp", dims=ParallelDims(tp=2)),
+    "pp": dict(strategy="pp", dims=ParallelDims(pp=2, microbatches=2)),
+    "cp": dict(strategy="cp", dims=ParallelDims(cp=2)),
+    "3d": dict(strategy="3d", dims=ParallelDims(tp=2, pp=2, microbatches=2)),
 }
-"""Name -> the grid and options of each run (everything else from the base config)."""
+"""Name -> the layout and options of each run (everything else from the base config)."""
 
 
 def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
@@ -61,7 +62,7 @@ def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
 
 def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
                        timeout: float = 600, show: str | None = None) -> list[dict]:
-    """Train ``base`` under each run's strategy (``{name: {strategy, dp, tp, ...}}``).
+    """Train ``base`` under each run's strategy (``{name: {strategy, dims, ...}}``).
 
     Every run shares the model, tokens, global batch, steps, learning rate and data
     order of ``base``; a checkpoint folder is not used. Each row: ``name``,
@@ -84,8 +85,7 @@ def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
     configs = {}
     for name, options in runs.items():
         cfg = replace(base, checkpoint_dir=None, checkpoint_every=0, fail_at=None,
-                      record_comm=base.emulate is None, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1,
-                                           "microbatches": 1, **options})
+                      record_comm=base.emulate is None, **{"dims": ParallelDims(), **options})
         check_config(cfg)                       # every run's bad input before the first starts
         configs[name] = cfg
     rows = []
@@ -103,8 +103,7 @@ def loss_gaps(rows: list[dict], reference: str = "1 process") -> dict:
 
 
 def _options(base: TrainConfig, options: dict, **changes) -> TrainConfig:
-    return replace(base, **{"dp": 1, "tp": 1, "pp": 1, "cp": 1, "microbatches": 1, **options,
-                            **changes})
+    return replace(base, **{"dims": ParallelDims(), **options, **changes})
 
 
 def resume_and_reshard(base: TrainConfig, folder, stop_at: int, save: dict,

@@ -28,14 +28,18 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from .. import emulate, launch
+from .. import emulate
 from ..comm import record_comm
 from ..context_parallel import shard_sequence
+from ..costmodel import flops
+from ..dims import ParallelDims
+from ..mesh import RankGrid
 from ..metrics import mfu, model_flops_per_token, time_kind, wall_time
-from ..models import GPTConfig
+from ..models import GPT, GPTConfig
+from ..runtime import launch
 from . import checkpoint, elastic
 from .loader import TokenLoader, open_tokens
-from .strategies import STRATEGIES, Plan, check_strategy, make_grid
+from .strategies import STRATEGIES, Plan, check_strategy, run_layout
 
 __all__ = ["TrainConfig", "STRATEGIES", "check_config", "train", "train_on_rank", "cpu_gpt",
            "gpt2_small"]
@@ -57,12 +61,7 @@ class TrainConfig:
     tokens: object                       # a token file (path) or a 1-D integer array
     val_tokens: object = None
     strategy: str = "ddp"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    microbatches: int = 1
-    schedule: str = "1f1b"
+    dims: ParallelDims = ParallelDims()  # the layout (the ZeRO stage: the strategy's)
     global_batch: int = 8
     steps: int = 20
     lr: float = 1e-3
@@ -81,7 +80,7 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dims.world_size
 
 
 def check_config(cfg: TrainConfig, world_size: int | None = None) -> None:
@@ -89,8 +88,7 @@ def check_config(cfg: TrainConfig, world_size: int | None = None) -> None:
     if not isinstance(cfg.model, GPTConfig):
         raise TypeError(f"model must be a GPTConfig, not {type(cfg.model).__name__}")
     world = cfg.world_size if world_size is None else world_size
-    check_strategy(cfg.strategy, cfg.model, world, cfg.dp, cfg.tp, cfg.pp, cfg.cp,
-                   cfg.microbatches, cfg.global_batch, cfg.schedule)
+    check_strategy(cfg.strategy, cfg.model, cfg.dims, cfg.global_batch, world)
     for name in ("steps", "log_every"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, not {getattr(cfg, name)}")
@@ -126,10 +124,11 @@ def train(cfg: TrainConfig, timeout: float = 600, **changes) -> dict:
 # ----------------------------------------------------------------------------
 
 def non_embedding_params(m: GPTConfig) -> int:
-    """Parameters of the course's GPT less the two embedding tables (MFU's N)."""
-    block = 4 * (m.d_model * m.d_model + m.d_model) + 2 * m.d_model * m.d_ff + m.d_ff \
-        + m.d_model + 4 * m.d_model
-    return m.n_layers * block + 2 * m.d_model + m.d_model * m.vocab_size
+    """Parameters of the course's GPT less the two embedding tables (MFU's N), counted by
+    :func:`lecture_lib.costmodel.flops.non_embedding_params` on a GPT of that shape built on
+    the meta device (no memory)."""
+    with torch.device("meta"):
+        return flops.non_embedding_params(GPT(m))
 
 
 def measured_peak_flops(dev: torch.device, n: int | None = None, reps: int = 5,
@@ -166,10 +165,11 @@ def _global_mean(local, plan: Plan) -> float:
 
 def _slice(batch, plan: Plan):
     """This rank's part of its dp shard: the cp slice of every sequence."""
-    cp = plan.grid.size("cp")
-    if cp == 1:
+    dims = plan.rank.dims
+    if dims.cp == 1:
         return batch
-    return tuple(shard_sequence(t, plan.grid.coord("cp"), cp, "zigzag") for t in batch)
+    return tuple(shard_sequence(t, plan.grid.coord("cp"), dims.cp, dims.cp_layout)
+                 for t in batch)
 
 
 def _validation(cfg: TrainConfig, plan: Plan, val: TokenLoader | None) -> float | None:
@@ -188,8 +188,9 @@ def _memory(plan: Plan) -> dict:
 
 
 def _setup(cfg: TrainConfig):
-    grid = make_grid(cfg.dp, cfg.tp, cfg.pp, cfg.cp)
-    plan = Plan(cfg.strategy, cfg.model, grid, cfg.lr, cfg.microbatches, cfg.schedule, cfg.seed)
+    dims = run_layout(cfg.strategy, cfg.dims)
+    grid = RankGrid.from_dims(dims)
+    plan = Plan(cfg.strategy, cfg.model, dims, grid, cfg.lr, cfg.seed)
     dp, r = grid.size("dp"), grid.coord("dp")
     loader = TokenLoader(cfg.tokens, cfg.model.seq_len, cfg.global_batch, cfg.data_seed, r, dp)
     val = (TokenLoader(cfg.val_tokens, cfg.model.seq_len, cfg.global_batch, cfg.data_seed, r, dp)
@@ -218,7 +219,7 @@ def _log_row(cfg, plan, step, loss, seconds, val, flops_tok, peak) -> dict:
 def _meta(cfg: TrainConfig) -> dict:
     return {"strategy": cfg.strategy, "world_size": cfg.world_size, "global_batch":
             cfg.global_batch, "data_seed": cfg.data_seed, "lr": cfg.lr,
-            "grid": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp}}
+            "grid": cfg.dims.sizes()}
 
 
 def _comm_busy(clock) -> float:

@@ -9,6 +9,7 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
 * :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
 * :mod:`.traffic`: memory-bound work (element-wise ops, optimizer, gradient buffer) in bytes.
+* :mod:`.flops`: training FLOPs per token (``6 N + 12 L T d``), MFU, training days.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time.
 """
@@ -30,6 +31,13 @@ from .context_parallel import (
                    ulysses_bytes_per_layer,
 )
 from .ddp import best_bucket_bytes, ddp_overhead, fit_ddp_overhead, two_stream_step
+from .flops import (
+                   gpt_flops_per_token,
+                   mfu,
+                   model_flops_per_token,
+                   non_embedding_params,
+                   training_days,
+)
 from .memory import (
                    GB,
                    PRESETS,

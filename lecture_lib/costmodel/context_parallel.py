@@ -41,12 +41,12 @@ def _check(**values) -> None:
             raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
 
 
-def cp_activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int,
+def cp_activation_bytes_per_layer(seq_len: int, microbatch_size: int, hidden: int, heads: int,
                                   cp: int = 1, tp: int = 1, sequence_parallel: bool = False,
                                   recompute: str = "none") -> float:
     """Korthikanti's bytes per layer (16-bit) for the whole sequence, divided by ``cp``."""
     _check(cp=cp)
-    return activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, tp,
+    return activation_bytes_per_layer(seq_len, microbatch_size, hidden, heads, tp,
                                       sequence_parallel, recompute) / cp
 
 
@@ -94,7 +94,7 @@ def ring_attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, pa
     return pairs * 4 * batch * heads * t * t * head_dim
 
 
-def cp_exposed_comm(shape: TransformerShape, micro_batch: int, cp: int, link: Link | None,
+def cp_exposed_comm(shape: TransformerShape, microbatch_size: int, cp: int, link: Link | None,
                     flops_per_s: float, bytes_per_element: int = 2) -> float:
     """Seconds per layer and micro-batch that ring attention's sends are *not* hidden.
 
@@ -106,14 +106,14 @@ def cp_exposed_comm(shape: TransformerShape, micro_batch: int, cp: int, link: Li
     if cp == 1 or link is None:
         return 0.0
     s_local = shape.seq_len / cp
-    msg = 2 * micro_batch * s_local * shape.hidden * bytes_per_element
+    msg = 2 * microbatch_size * s_local * shape.hidden * bytes_per_element
     hop = link.alpha + msg / link.beta
-    block = 2 * micro_batch * s_local ** 2 * shape.hidden / flops_per_s
+    block = 2 * microbatch_size * s_local ** 2 * shape.hidden / flops_per_s
     return (cp - 1) * max(0.0, hop - block) + (2 * cp - 1) * max(0.0, hop - 2 * block)
 
 
 def memory_per_device_cp(shape: TransformerShape, cp: int = 1, dp: int = 1, tp: int = 1,
-                         pp: int = 1, zero_stage: int = 0, micro_batch: int = 1,
+                         pp: int = 1, zero_stage: int = 0, microbatch_size: int = 1,
                          recompute: str = "none", sequence_parallel: bool = False) -> dict:
     """:func:`.memory.memory_per_device` with the sequence split over ``cp`` ranks.
 
@@ -122,7 +122,7 @@ def memory_per_device_cp(shape: TransformerShape, cp: int = 1, dp: int = 1, tp: 
     distributed optimizer does over its data-and-context-parallel group.
     """
     _check(cp=cp)
-    mem = memory_per_device(shape, dp * cp, tp, pp, zero_stage, micro_batch,
+    mem = memory_per_device(shape, dp * cp, tp, pp, zero_stage, microbatch_size,
                             recompute=recompute, sequence_parallel=sequence_parallel)
     mem["activations"] /= cp
     mem["total"] = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations"]

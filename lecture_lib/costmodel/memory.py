@@ -86,16 +86,16 @@ def model_state_bytes(num_params, dp_size: int = 1, zero_stage: int = 0,
                                  param_bytes, grad_bytes)["total"]
 
 
-def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int,
+def activation_bytes_per_layer(seq_len: int, microbatch_size: int, hidden: int, heads: int,
                                tp: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none") -> float:
     """Bytes one transformer layer keeps for backward (Korthikanti et al. 2022, Table 2)."""
-    for name, v in (("seq_len", seq_len), ("micro_batch", micro_batch), ("hidden", hidden),
+    for name, v in (("seq_len", seq_len), ("microbatch_size", microbatch_size), ("hidden", hidden),
                     ("heads", heads), ("tp", tp)):
         _check_size(name, v)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
-    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    s, b, h, a, t = seq_len, microbatch_size, hidden, heads, tp
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sequence_parallel else 1)
@@ -144,7 +144,7 @@ PRECISIONS = {
 
 
 def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int = 1,
-                      zero_stage: int = 0, micro_batch: int = 1, seq_len: int | None = None,
+                      zero_stage: int = 0, microbatch_size: int = 1, seq_len: int | None = None,
                       recompute: str = "none", sequence_parallel: bool = False,
                       precision: str = "mixed (bf16/fp16 + fp32 master)") -> dict:
     """Bytes on one device, by kind: params, grads, optimizer, activations, total.
@@ -156,7 +156,7 @@ def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int
     """
     if not isinstance(shape, TransformerShape):
         raise TypeError(f"shape must be a TransformerShape, not {type(shape).__name__}")
-    for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batch", micro_batch)):
+    for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatch_size", microbatch_size)):
         _check_size(name, v)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
@@ -167,7 +167,7 @@ def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int
     p_bytes, g_bytes, k = PRECISIONS[precision]
     states = model_state_breakdown(shape.num_params / (tp * pp), dp, zero_stage, k, p_bytes,
                                    g_bytes)
-    per_layer = activation_bytes_per_layer(seq_len or shape.seq_len, micro_batch, shape.hidden,
+    per_layer = activation_bytes_per_layer(seq_len or shape.seq_len, microbatch_size, shape.hidden,
                                            shape.heads, tp, sequence_parallel, recompute)
     activations = per_layer * shape.layers * (p_bytes / 2)
     out = {k_: states[k_] for k_ in ("params", "grads", "optimizer")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..dims import ParallelDims
 from .comm import collective_time
 from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
@@ -55,9 +56,11 @@ def candidates(shape: TransformerShape, devices: int, global_batch: int,
                 for zero in ZERO if dp > 1 else (0,):
                     for rc in RECOMPUTE:
                         for inner in AXES:
-                            if getattr(Parallelism(dp, tp, pp), inner) == 1 and inner != "tp":
+                            if {"dp": dp, "tp": tp, "pp": pp}[inner] == 1 and inner != "tp":
                                 continue                   # placing a size-1 axis changes nothing
-                            yield Parallelism(dp, tp, pp, mb, zero, rc, inner)
+                            dims = ParallelDims(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
+                                                zero_stage=zero)
+                            yield Parallelism(dims, rc, inner)
 
 
 def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int | None = None,
@@ -68,7 +71,8 @@ def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int 
         raise ValueError(f"global batch must be >= 1, not {global_batch}")
     found = []
     for par in candidates(shape, devices, global_batch, cluster.gpus_per_node):
-        mem = memory_per_device(shape, par.dp, par.tp, par.pp, par.zero_stage, par.micro_batch,
+        d = par.dims
+        mem = memory_per_device(shape, d.dp, d.tp, d.pp, d.zero_stage, d.microbatch_size,
                                 recompute=par.recompute)
         if mem["total"] > cluster.memory_bytes:
             continue
@@ -95,9 +99,10 @@ def explain(best: Plan, plans: list[Plan]) -> str:
     parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in t.parts().items() if v > 0)
     lines = [f"Best: {par.label()}: {t.total:.2f} s per step ({parts}); "
              f"{best.memory['total'] / 1e9:.1f} GB per device; links {t.details['links']}."]
-    seen, runners = {(par.dp, par.tp, par.pp)}, []
+    seen, runners = {(par.dims.dp, par.dims.tp, par.dims.pp)}, []
     for other in plans:                      # the best of each of the next three grids
-        grid = (other.parallelism.dp, other.parallelism.tp, other.parallelism.pp)
+        d = other.parallelism.dims
+        grid = (d.dp, d.tp, d.pp)
         if grid not in seen and len(runners) < 3:
             seen.add(grid)
             runners.append(other)
@@ -118,12 +123,13 @@ CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
 
 def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatch_compute: float) -> float:
     """The gradient all-reduce over the ``dp x cp`` ranks less the last backward it hides."""
-    ranks = par.dp * cp
+    d = par.dims
+    ranks = d.dp * cp
     if ranks == 1:
         return 0.0
-    link = cluster.intra if ranks * par.tp * par.pp <= cluster.gpus_per_node else cluster.inter
-    total = collective_time("all_reduce", 2 * shape.num_params / (par.tp * par.pp), ranks, link)
-    total *= 1.5 if par.zero_stage == 3 else 1.0
+    link = cluster.intra if ranks * d.tp * d.pp <= cluster.gpus_per_node else cluster.inter
+    total = collective_time("all_reduce", 2 * shape.num_params / (d.tp * d.pp), ranks, link)
+    total *= 1.5 if d.zero_stage == 3 else 1.0
     return max(0.0, total - microbatch_compute * 2 / 3)
 
 
@@ -155,8 +161,9 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
         if cluster.devices % cp or shape.seq_len % (2 * cp):
             continue
         for par in candidates(shape, cluster.devices // cp, global_batch, cluster.gpus_per_node):
-            mem = memory_per_device_cp(shape, cp, par.dp, par.tp, par.pp, par.zero_stage,
-                                       par.micro_batch, par.recompute)
+            d = par.dims
+            mem = memory_per_device_cp(shape, cp, d.dp, d.tp, d.pp, d.zero_stage,
+                                       d.microbatch_size, par.recompute)
             if mem["total"] > cluster.memory_bytes:
                 continue
             t = step_time(shape, par, cluster, global_batch)
@@ -164,11 +171,11 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
             t = replace(t, compute=compute, bubble=t.bubble / cp, tp_comm=t.tp_comm / cp,
                         pp_comm=t.pp_comm / cp,
                         dp_comm=_dp_exposed(shape, par, cp, cluster, compute / t.microbatches))
-            link = None if cp == 1 else (cluster.intra if par.tp * cp <= cluster.gpus_per_node
+            link = None if cp == 1 else (cluster.intra if d.tp * cp <= cluster.gpus_per_node
                                          else cluster.inter)
-            exposed = cp_exposed_comm(shape, par.micro_batch, cp, link,
+            exposed = cp_exposed_comm(shape, d.microbatch_size, cp, link,
                                       cluster.peak_flops * cluster.efficiency)
-            cp_comm = exposed * t.microbatches * shape.layers // par.pp
+            cp_comm = exposed * t.microbatches * shape.layers // d.pp
             found.append(ContextParallelPlan(cp, Plan(par, t, mem), cp_comm))
     if not found:
         raise ValueError(f"no configuration of {shape.name} at {shape.seq_len} tokens fits in "

@@ -6,7 +6,7 @@ A training step on ``dp x tp x pp`` devices, with the global batch cut into
 Megatron-LM", sections 3.1-3.3):
 
 * **compute**: ``(6 N + 12 L h s) * tokens`` FLOPs for forward + backward (6 per
-  parameter per token, plus attention scores; Kaplan et al. 2020, section 2.1),
+  parameter per token, plus attention scores: :func:`.flops.model_flops_per_token`),
   a third more with full recomputation (the forward runs twice), spread over
   all devices and run at ``peak_flops * efficiency``, plus a fixed
   ``layer_overhead`` per layer and micro-batch (launch and framework costs);
@@ -38,7 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..dims import ParallelDims
 from .comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, collective_time
+from .flops import model_flops_per_token
 from .memory import TransformerShape
 from .pipeline import pipeline_bubble
 from .traffic import check_optimizer, memory_bound_seconds
@@ -80,21 +82,20 @@ H100_CLUSTER = Cluster("128 nodes x 8 H100 80GB", 128, 8, 989e12, 80e9,
 
 @dataclass(frozen=True)
 class Parallelism:
-    """One configuration: the grid, the micro-batching, ZeRO, recomputation, and placement."""
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    micro_batch: int = 1
-    zero_stage: int = 0
+    """A layout as the model runs it: the :class:`~lecture_lib.dims.ParallelDims` (dp, tp,
+    pp, a micro-batch's size, ZeRO stage), and what is not a layout: recomputation, the
+    axis placed inside a node first, and whether the gradient all-reduce overlaps."""
+    dims: ParallelDims
     recompute: str = "none"
     inner: str = "tp"             # the axis whose ranks are adjacent (inside a node first)
     dp_overlap: bool = True       # the gradient all-reduce hides behind the last backward
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "micro_batch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+        if not isinstance(self.dims, ParallelDims):
+            raise TypeError(f"dims must be a ParallelDims, not {type(self.dims).__name__}")
+        if self.dims.cp != 1 or self.dims.ep != 1:
+            raise ValueError(f"step_time models dp x tp x pp (cp and ep are 1), not "
+                             f"{self.dims.label()}: see plan_context_parallel for cp")
         if not isinstance(self.dp_overlap, bool):
             raise TypeError(f"dp_overlap must be True or False, not {self.dp_overlap!r}")
         if self.inner not in AXES:
@@ -104,32 +105,31 @@ class Parallelism:
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dims.world_size
 
     def order(self) -> tuple[str, ...]:
         """Axes from slowest to fastest: ``inner`` last, the others in dp, pp, tp order."""
         return tuple(a for a in AXES if a != self.inner) + (self.inner,)
 
     def label(self) -> str:
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp} mb{self.micro_batch} "
-                f"zero{self.zero_stage} rc:{self.recompute} inner:{self.inner}")
+        return f"{self.dims.label()} rc:{self.recompute} inner:{self.inner}"
 
 
 def group_link(par: Parallelism, axis: str, cluster: Cluster) -> Link | None:
     """The link a group along ``axis`` is limited by (None for a group of one)."""
-    size = getattr(par, axis)
+    size = getattr(par.dims, axis)
     if size == 1:
         return None
     order = par.order()
     stride = 1
     for a in order[order.index(axis) + 1:]:
-        stride *= getattr(par, a)
+        stride *= getattr(par.dims, a)
     return cluster.intra if stride * size <= cluster.gpus_per_node else cluster.inter
 
 
 def training_flops(shape: TransformerShape, tokens: float, recompute: str = "none") -> float:
     """FLOPs of forward + backward over ``tokens`` tokens (recomputation included)."""
-    per_token = 6 * shape.num_params + 12 * shape.layers * shape.hidden * shape.seq_len
+    per_token = model_flops_per_token(shape.num_params, shape.layers, shape.seq_len, shape.hidden)
     return per_token * tokens * RECOMPUTE_FLOPS[recompute]
 
 
@@ -161,13 +161,7 @@ class StepTime:
 
 def microbatches(global_batch: int, par: Parallelism) -> int:
     """Micro-batches per pipeline per step; a clear error when the batch does not divide."""
-    if global_batch < 1:
-        raise ValueError(f"global batch must be >= 1, not {global_batch}")
-    per_replica, rest = divmod(global_batch, par.dp * par.micro_batch)
-    if rest or per_replica == 0:
-        raise ValueError(f"global batch {global_batch} is not a whole number of micro-batches "
-                         f"of {par.micro_batch} on {par.dp} data-parallel replicas")
-    return per_replica
+    return par.dims.split(global_batch)[0]
 
 
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
@@ -179,39 +173,40 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     ``optimizer`` ("adamw" or "sgd") counts only where the cluster models memory.
     """
     check_optimizer(optimizer)
-    if shape.layers % par.pp:
-        raise ValueError(f"pp={par.pp} does not divide {shape.layers} layers")
-    if shape.heads % par.tp:
-        raise ValueError(f"tp={par.tp} does not divide {shape.heads} heads")
-    m = microbatches(global_batch, par)
+    dp, tp, pp = par.dims.dp, par.dims.tp, par.dims.pp
+    if shape.layers % pp:
+        raise ValueError(f"pp={pp} does not divide {shape.layers} layers")
+    if shape.heads % tp:
+        raise ValueError(f"tp={tp} does not divide {shape.heads} heads")
+    m, microbatch_size = par.dims.split(global_batch)
     tokens = global_batch * shape.seq_len
     rate = cluster.peak_flops * cluster.efficiency
     compute = training_flops(shape, tokens, par.recompute) / par.devices / rate
-    compute += cluster.layer_overhead * m * (shape.layers // par.pp)
+    compute += cluster.layer_overhead * m * (shape.layers // pp)
     memory = {}
     if cluster.memory_bandwidth != float("inf"):
-        memory = memory_bound_seconds(shape, par.dp, par.tp, par.pp, tokens,
+        memory = memory_bound_seconds(shape, dp, tp, pp, tokens,
                                       cluster.memory_bandwidth, optimizer, value_bytes)
     pipelined = compute + memory.get("element-wise", 0.0)
-    bubble = pipelined * pipeline_bubble(par.pp, m) / (1 - pipeline_bubble(par.pp, m))
+    bubble = pipelined * pipeline_bubble(pp, m) / (1 - pipeline_bubble(pp, m))
 
-    act_bytes = value_bytes * par.micro_batch * shape.seq_len * shape.hidden
-    layers_here = shape.layers // par.pp
+    act_bytes = value_bytes * microbatch_size * shape.seq_len * shape.hidden
+    layers_here = shape.layers // pp
     tp_link = group_link(par, "tp", cluster)
     tp_comm = 0.0
     if tp_link:
         per_layer = 6 if par.recompute == "full" else 4
         tp_comm = (m * layers_here * per_layer
-                   * collective_time("all_reduce", act_bytes, par.tp, tp_link))
+                   * collective_time("all_reduce", act_bytes, tp, tp_link))
     pp_link = group_link(par, "pp", cluster)
-    pp_comm = 2 * m * (pp_link.alpha + act_bytes / par.tp / pp_link.beta) if pp_link else 0.0
+    pp_comm = 2 * m * (pp_link.alpha + act_bytes / tp / pp_link.beta) if pp_link else 0.0
 
     dp_link = group_link(par, "dp", cluster)
     dp_comm = 0.0
     if dp_link:
-        grad_bytes = value_bytes * shape.num_params / (par.tp * par.pp)
-        dp_total = collective_time("all_reduce", grad_bytes, par.dp, dp_link)
-        if par.zero_stage == 3:
+        grad_bytes = value_bytes * shape.num_params / (tp * pp)
+        dp_total = collective_time("all_reduce", grad_bytes, dp, dp_link)
+        if par.dims.zero_stage == 3:
             dp_total *= 1.5
         last_backward = (pipelined / m) * 2 / 3 if par.dp_overlap else 0.0
         dp_comm = max(0.0, dp_total - last_backward)

@@ -11,29 +11,19 @@
   weight gradient, send (:class:`PipelineExecutor`, :func:`exchange`); it measures nothing.
 * :mod:`.recorder`: opt-in measurement of a step: timeline, message delays,
   activation bytes (:class:`StepRecorder`).
-* :mod:`.experiments`: what notebook 06 runs: :func:`train`, :func:`train_many`,
-  the fixed-cost mode (:class:`FixedCostExecutor`), real stages in emulated time
-  (:func:`measure_emulated_bubbles`, :func:`bubble_report`).
+* :mod:`.experiments`: what notebook 06 runs: ``train``, ``train_many``,
+  the fixed-cost mode (``FixedCostExecutor``), real stages in emulated time
+  (``measure_emulated_bubbles``, ``bubble_report``); imported by its module
+  (``from lecture_lib.pipeline import experiments as ppx``), the package exports
+  only the algorithm.
 * :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.
 
 Closed forms (bubble, activation memory) live in :mod:`lecture_lib.costmodel.pipeline`;
-the Gantt-chart explorer in :mod:`lecture_lib.widgets.pipeline`.
+the Gantt-chart explorer in :mod:`lecture_lib.figures.widgets.pipeline`.
 """
 from .actions import Action, Schedule
 from .baseline import compare_with_torch, step_time_ratio
 from .execute import PipelineExecutor, exchange
-from .experiments import (
-                          FixedCostExecutor,
-                          PipelineRun,
-                          bubble_report,
-                          check_cost,
-                          measure_emulated_bubbles,
-                          merge,
-                          nap_until,
-                          train,
-                          train_many,
-                          train_stage,
-)
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
 from .schedules import NAMES, make_schedule
 from .simulate import (
@@ -49,12 +39,10 @@ from .stage import PipelineChunk, check_pipeline, check_split, layer_ranges, spl
 from .validate import dependencies, messages, topological_order, validate
 
 __all__ = [
-    "Action", "FixedCostExecutor", "NAMES", "PipelineChunk", "PipelineExecutor", "PipelineRun",
-    "Schedule", "Simulation", "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of",
-    "bubble_report", "measure_emulated_bubbles",
-    "busy_time", "check_cost", "check_pipeline", "check_split", "compare_with_torch",
-    "dependencies", "dependency_violations", "exchange", "layer_ranges", "make_schedule",
-    "makespan_of", "merge",
-    "message_latency", "messages", "nap_until", "simulate", "split_gpt", "step_time_ratio",
-    "topological_order", "train", "train_many", "train_stage", "validate",
+    "Action", "NAMES", "PipelineChunk", "PipelineExecutor", "Schedule", "Simulation",
+    "StepRecord", "StepRecorder", "action_costs", "aligned", "bubble_of", "busy_time",
+    "check_pipeline", "check_split", "compare_with_torch", "dependencies",
+    "dependency_violations", "exchange", "layer_ranges", "make_schedule", "makespan_of",
+    "message_latency", "messages", "simulate", "split_gpt", "step_time_ratio",
+    "topological_order", "validate",
 ]

@@ -35,7 +35,7 @@ class Schedule:
     """
     name: str
     num_stages: int
-    num_microbatches: int
+    microbatches: int
     chunks: int
     actions: tuple = field(repr=False)
 
@@ -59,5 +59,5 @@ class Schedule:
 
     def __str__(self):
         rows = [f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.actions)]
-        return f"{self.name} (p={self.num_stages}, m={self.num_microbatches}, " \
+        return f"{self.name} (p={self.num_stages}, m={self.microbatches}, " \
                f"v={self.chunks})\n" + "\n".join(rows)

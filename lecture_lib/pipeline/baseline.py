@@ -14,28 +14,28 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..metrics import wall_time
 from ..models import GPT, GPTConfig, MarkovText, lm_loss
+from ..runtime import launch
 from .execute import PipelineExecutor
 from .schedules import make_schedule
 from .stage import check_pipeline, split_gpt
 
 
-def compare_with_torch(cfg: GPTConfig, num_microbatches: int, batch_size: int, steps: int = 3,
+def compare_with_torch(cfg: GPTConfig, microbatches: int, batch_size: int, steps: int = 3,
                        seed: int = 0, data_seed: int = 0) -> dict:
     """Rank function: ours vs torch's Schedule1F1B, one stage per rank of the default group."""
     # noqa below: torch.distributed.pipelining takes seconds to import; only this baseline needs it
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: PLC0415
 
     p, rank, dev = dist.get_world_size(), dist.get_rank(), launch.device()
-    schedule = make_schedule("1f1b", p, num_microbatches)
+    schedule = make_schedule("1f1b", p, microbatches)
     check_pipeline(cfg, schedule, batch_size)
     chunk = split_gpt(GPT(cfg, seed).to(dev), p)[rank]
-    shape = (batch_size // num_microbatches, cfg.seq_len, cfg.d_model)
+    shape = (batch_size // microbatches, cfg.seq_len, cfg.d_model)
     ours = PipelineExecutor([chunk], schedule, shape)
     stage = PipelineStage(chunk, rank, p, dev)
-    theirs = Schedule1F1B(stage, num_microbatches, loss_fn=lm_loss)
+    theirs = Schedule1F1B(stage, microbatches, loss_fn=lm_loss)
     data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=data_seed)
     out = {"ours": [], "torch": [], "ours_s": [], "torch_s": []}
     for step in range(steps):

@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import launch
 from ..comm import maybe
 from ..models import lm_loss
+from ..runtime import launch
 from .actions import Schedule
 from .recorder import StepRecord
 
@@ -118,7 +118,7 @@ class PipelineExecutor:
 
         ``recorder`` (a :class:`~.recorder.StepRecorder`, optional) records the step.
         """
-        m = self.schedule.num_microbatches
+        m = self.schedule.microbatches
         st = _Step(inputs.to(self.device).chunk(m), targets.to(self.device).chunk(m))
         if recorder is not None:
             recorder.start(self.schedule, self.group)
@@ -154,7 +154,7 @@ class PipelineExecutor:
         st.inputs[key] = x
         y = self.chunks[a.chunk](x)
         if s == self.last:
-            y = lm_loss(y, st.ys[a.microbatch]) / self.schedule.num_microbatches
+            y = lm_loss(y, st.ys[a.microbatch]) / self.schedule.microbatches
             st.loss = y.detach() if st.loss is None else st.loss + y.detach()
         else:
             self.send(y.detach(), s + 1, ("F", a.microbatch, s), st)

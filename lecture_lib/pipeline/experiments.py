@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..costmodel.pipeline import pipeline_bubble, pipeline_bubble_unequal, pipeline_step_time
 from ..emulate import emulated
 from ..emulate import preset as check_preset
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
 from ..progress import progress
+from ..runtime import launch
 from .actions import Schedule
 from .execute import PipelineExecutor, exchange
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
@@ -117,7 +117,7 @@ def train_stage(schedule: Schedule, cfg: GPTConfig, batch_size: int, steps: int 
                    list(range(dist.get_world_size())))
     chunks = [parts[schedule.stage(stage_ranks.index(dist.get_rank()), c)]
               for c in range(schedule.chunks)]
-    shape = (batch_size // schedule.num_microbatches, cfg.seq_len, cfg.d_model)
+    shape = (batch_size // schedule.microbatches, cfg.seq_len, cfg.d_model)
     kwargs = dict(ranks=stage_ranks, group=group, exchange=exchange)
     with emulated(preset) if preset is not None else nullcontext():
         executor = (PipelineExecutor(chunks, schedule, shape, **kwargs) if cost is None else
@@ -192,7 +192,7 @@ def _check_run(cfg: GPTConfig, schedules, batch_size: int, cost=None, layers=Non
 
 
 def train(cfg: GPTConfig, schedule: Schedule | str, num_stages: int | None = None,
-          num_microbatches: int | None = None, *, batch_size: int, steps: int = 1,
+          microbatches: int | None = None, *, batch_size: int, steps: int = 1,
           chunks: int = 1, lr: float = 1e-2, optimizer: str = "adamw", seed: int = 0,
           data_seed: int = 0, cost=None, layers=None, preset=None,
           timeout: float = 120.0) -> PipelineRun:
@@ -203,7 +203,7 @@ def train(cfg: GPTConfig, schedule: Schedule | str, num_stages: int | None = Non
     >>> run.losses, run.timelines[-1][0][:2]
     """
     if isinstance(schedule, str):
-        schedule = make_schedule(schedule, num_stages, num_microbatches, chunks)
+        schedule = make_schedule(schedule, num_stages, microbatches, chunks)
     _check_run(cfg, [schedule], batch_size, cost, layers, preset)
     results = launch.run(train_stage, schedule.num_stages, schedule, cfg, batch_size, steps,
                          lr=lr, optimizer=optimizer, seed=seed, data_seed=data_seed, cost=cost,
@@ -242,7 +242,7 @@ def bubble_report(run: PipelineRun, step: int = -1) -> dict:
     for one chunk per rank, ``formula_step_s`` and ``formula_bubble`` of the
     unequal-stage closed form (no message time)."""
     s, timeline = run.schedule, run.timelines[step]
-    m, p = s.num_microbatches, s.num_stages
+    m, p = s.microbatches, s.num_stages
     per = {k: [sum(e - b for kind, b, e, _ in timeline[r] if kind == k) / m for r in range(p)]
            for k in "FBW"}
     times = [f + b + w for f, b, w in zip(per["F"], per["B"], per["W"])]
@@ -258,21 +258,22 @@ def bubble_report(run: PipelineRun, step: int = -1) -> dict:
     return out
 
 
-def measure_emulated_bubbles(cfg: GPTConfig, schedules: list[Schedule], micro_batch: int, *,
+def measure_emulated_bubbles(cfg: GPTConfig, schedules: list[Schedule], microbatch_size: int, *,
                              layers=None, preset="a100-node", timeout: float = 300.0
                              ) -> list[dict]:
-    """One emulated step of each schedule (``micro_batch`` sequences per micro-batch,
-    so the batch is ``m * micro_batch``; SGD; all checked first), on the same warm
+    """One emulated step of each schedule (``microbatch_size`` sequences per micro-batch,
+    so the batch is ``m * microbatch_size``; SGD; all checked first), on the same warm
     ranks: :func:`bubble_report` of each, with its ``run``."""
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be a whole number >= 1, not {micro_batch!r}")
+    b = microbatch_size
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"microbatch_size must be a whole number >= 1, not {microbatch_size!r}")
     if not schedules or len({s.num_stages for s in schedules}) != 1:
         raise ValueError("give one or more schedules, all with the same number of stages")
     for s in schedules:
-        _check_run(cfg, [s], micro_batch * s.num_microbatches, None, layers, preset)
+        _check_run(cfg, [s], microbatch_size * s.microbatches, None, layers, preset)
     out, p = [], schedules[0].num_stages
     for s in progress(list(schedules), f"emulated pipeline: one schedule on {p} ranks each"):
-        results = launch.run(train_stage, p, s, cfg, micro_batch * s.num_microbatches, 1,
+        results = launch.run(train_stage, p, s, cfg, microbatch_size * s.microbatches, 1,
                              optimizer="sgd", lr=0.1, layers=layers, preset=preset,
                              activations=False, timeout=timeout)
         run = merge(s, results)

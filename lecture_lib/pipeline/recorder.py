@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from .. import launch
 from ..metrics import Timer, saved_tensor_bytes
+from ..runtime import launch
 from .actions import Schedule
 
 

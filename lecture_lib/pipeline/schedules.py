@@ -141,8 +141,8 @@ def zb_h1(p: int, m: int) -> list[list[Action]]:
     return out
 
 
-def make_schedule(name: str, num_stages: int, num_microbatches: int, chunks: int = 1) -> Schedule:
-    """The schedule ``name`` for ``num_stages`` ranks and ``num_microbatches``, validated.
+def make_schedule(name: str, num_stages: int, microbatches: int, chunks: int = 1) -> Schedule:
+    """The schedule ``name`` for ``num_stages`` ranks and ``microbatches``, validated.
 
     >>> print(make_schedule("1f1b", 2, 3))
     1f1b (p=2, m=3, v=1)
@@ -152,15 +152,15 @@ def make_schedule(name: str, num_stages: int, num_microbatches: int, chunks: int
     if name not in NAMES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(NAMES)}")
     _positive("num_stages", num_stages)
-    _positive("num_microbatches", num_microbatches)
+    _positive("microbatches", microbatches)
     _positive("chunks", chunks)
-    p, m, v = num_stages, num_microbatches, chunks
+    p, m, v = num_stages, microbatches, chunks
     if name == "interleaved-1f1b":
         if v < 2:
             raise ValueError("interleaved-1f1b needs chunks >= 2 model chunks per rank "
                              f"(chunks={v}; with one chunk it is plain 1f1b)")
         if m % p:
-            raise ValueError(f"interleaved-1f1b needs num_microbatches to be a multiple of "
+            raise ValueError(f"interleaved-1f1b needs microbatches to be a multiple of "
                              f"num_stages (m >= p and m % p == 0): m={m}, p={p}")
         actions = interleaved_one_f_one_b(p, m, v)
     elif v != 1:

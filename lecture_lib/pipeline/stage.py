@@ -94,7 +94,7 @@ def split_gpt(gpt: GPT, num_stages: int, chunks: int = 1, layers=None) -> list[P
 def check_pipeline(cfg: GPTConfig, schedule: Schedule, batch_size: int, layers=None) -> None:
     """Every check that can be made before a process starts."""
     check_split(cfg.n_layers, schedule.num_stages, schedule.chunks, layers)
-    m = schedule.num_microbatches
+    m = schedule.microbatches
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, not {batch_size!r}")
     if batch_size % m:

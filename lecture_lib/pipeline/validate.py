@@ -86,7 +86,7 @@ def validate(schedule: Schedule, synchronous_sends: bool = False) -> Schedule:
     pass and Megatron's interleaved order does not: Megatron-LM runs it with
     every rank exchanging in lock-step).
     """
-    p, m, v = schedule.num_stages, schedule.num_microbatches, schedule.chunks
+    p, m, v = schedule.num_stages, schedule.microbatches, schedule.chunks
     if len(schedule.actions) != p:
         raise ValueError(f"{schedule.name}: {len(schedule.actions)} action lists for {p} stages")
     kinds = ("F", "B", "W") if schedule.split_backward else ("F", "B")

@@ -7,18 +7,21 @@ builds its model on the rank and returns ``step(i)``:
   wrappers (``"naive"`` one all-reduce per gradient, ``"flat"`` one for all,
   ``"individual"`` and ``"bucketed"`` overlapped with the backward pass), or
   torch's ``DistributedDataParallel`` (``"torch"``) to compare with;
-* :func:`pipeline_step`: :class:`lecture_lib.pipeline.PipelineExecutor`
-  running a schedule (GPipe by default) over every rank.
+* :func:`pipeline_step`: the small GPT cut into one stage per rank and run by a
+  schedule (GPipe by default): the layout ``ParallelDims(pp=world)`` applied by
+  :func:`lecture_lib.hybrid.parallelize`, and its one training step.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..data_parallel import wrap
+from ..dims import ParallelDims
+from ..hybrid import check_hybrid, parallelize
+from ..mesh import RankGrid
 from ..models import GPT, GPTConfig, MarkovText, shard
-from ..pipeline import PipelineExecutor, check_pipeline, make_schedule, split_gpt
+from ..runtime import launch
 
 SYNCS = ("naive", "flat", "individual", "bucketed", "torch")
 _ALIASES = {"ddp": "torch", "per_param": "naive"}      # the names notebook 09 first used
@@ -62,27 +65,18 @@ def data_parallel_step(timer, batch_size: int = 16, sync: str = "torch", cfg=Non
     return step
 
 
-def pipeline_step(timer, batch_size: int = 16, micro_batches: int = 4, cfg=None,
+def pipeline_step(timer, batch_size: int = 16, microbatches: int = 4, cfg=None,
                   lr: float = 0.1, seed: int = 0, schedule: str = "gpipe"):
     """A pipeline step: the small GPT cut into one stage per rank, run by the course's
     executor with ``schedule`` (``"gpipe"``: all forwards, then all backwards,
     Huang et al. 2019; or ``"1f1b"``, ...), then SGD on this rank's stage."""
-    p, rank, dev = dist.get_world_size(), dist.get_rank(), launch.device()
+    dims = ParallelDims(pp=dist.get_world_size(), microbatches=microbatches, schedule=schedule)
     cfg, model, data = _small_gpt(cfg, seed)
-    plan = make_schedule(schedule, p, micro_batches)
-    check_pipeline(cfg, plan, batch_size)
-    chunk = split_gpt(model, p)[rank]
-    executor = PipelineExecutor([chunk], plan, (batch_size // micro_batches, cfg.seq_len,
-                                                cfg.d_model))
-    params = list(chunk.parameters())
-    opt = torch.optim.SGD(params, lr=lr)
+    check_hybrid(cfg, dims, batch_size)
+    rank_model = parallelize(model, dims, RankGrid.from_dims(dims), "sgd", lr)
 
     def step(i):
-        x, y = (t.to(dev) for t in data.batch(i, batch_size))
-        with timer("pipeline"):
-            executor.step(x, y)
-        with timer("optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    step.model, step.params = model, params        # this stage's share, for checks
+        x, y = (t.to(launch.device()) for t in data.batch(i, batch_size))
+        rank_model.train_step(x, y, timer)
+    step.model, step.params = model, list(rank_model.module.parameters())   # for checks
     return step

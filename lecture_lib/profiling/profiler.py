@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from .. import launch
 from ..emulate import preset
 from ..metrics import Timer
+from ..runtime import launch
 from .emulated import profile_steps_emulated
 from .trace import RankProfile, read_trace, shares
 

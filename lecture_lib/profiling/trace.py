@@ -23,7 +23,7 @@ Which events count as what:
 Shares are the length of the *union* of those intervals over the recorded
 steps, divided by the recorded steps' length, so nested and overlapping events
 are counted once. :func:`timeline` turns a trace into spans for
-:func:`lecture_lib.plots.plot_timeline`.
+:func:`lecture_lib.figures.plots.plot_timeline`.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from lecture_lib.grading import load_exercise
 
 ex = load_exercise("ex04")
 POINTS = 10
-GPT3 = dict(num_params=175e9, layers=96, hidden=12288, heads=96, seq_len=2048, micro_batch=1)
+GPT3 = dict(num_params=175e9, layers=96, hidden=12288, heads=96, seq_len=2048, microbatch_size=1)
 
 
 def _states(m):
@@ -25,7 +25,7 @@ def test_zero_paper_figure_1():
 
 @pytest.mark.parametrize("kw", [
     dict(), dict(tp=8), dict(tp=8, pp=8), dict(dp=16, zero_stage=1), dict(dp=8, zero_stage=3, tp=4),
-    dict(tp=8, recompute="selective"), dict(recompute="full", pp=4), dict(micro_batch=4, tp=2),
+    dict(tp=8, recompute="selective"), dict(recompute="full", pp=4), dict(microbatch_size=4, tp=2),
 ])
 def test_agrees_with_the_library(kw):
     kw = {**GPT3, **kw}
@@ -34,7 +34,7 @@ def test_agrees_with_the_library(kw):
                                        kw["seq_len"], kw["num_params"])
     want = costmodel.memory_per_device(
         shape, dp=kw.get("dp", 1), tp=kw.get("tp", 1), pp=kw.get("pp", 1),
-        zero_stage=kw.get("zero_stage", 0), micro_batch=kw["micro_batch"],
+        zero_stage=kw.get("zero_stage", 0), microbatch_size=kw["microbatch_size"],
         recompute=kw.get("recompute", "none"))
     for kind in ("params", "grads", "optimizer", "activations", "total"):
         assert got[kind] == pytest.approx(want[kind], rel=1e-9), (

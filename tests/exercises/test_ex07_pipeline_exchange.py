@@ -7,6 +7,7 @@ import torch.distributed as dist
 from lecture_lib import pipeline as pp
 from lecture_lib.grading import assert_close_per_rank, load_exercise
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss
+from lecture_lib.pipeline import experiments as ppx
 
 ex = load_exercise("ex07")
 POINTS = 10
@@ -67,7 +68,7 @@ def test_middle_stage_talks_to_both_neighbours():
 
 
 def _train_with_student_exchange(schedules):
-    return [pp.train_stage(s, CFG, 8, 1, exchange=ex.exchange) for s in schedules]
+    return [ppx.train_stage(s, CFG, 8, 1, exchange=ex.exchange) for s in schedules]
 
 
 @pytest.mark.parametrize("p", [2])
@@ -79,7 +80,7 @@ def test_pipeline_training_equals_one_process(p):
     schedules = [pp.make_schedule("1f1b", p, 4), pp.make_schedule("interleaved-1f1b", p, 4, 2)]
     per_rank = ex.run(_train_with_student_exchange, p, schedules, timeout=120)
     for i, s in enumerate(schedules):
-        run = pp.merge(s, [r[i] for r in per_rank])
+        run = ppx.merge(s, [r[i] for r in per_rank])
         assert run.losses[0] == pytest.approx(loss.item(), rel=1e-5), s.name
         for name, param in model.named_parameters():
             torch.testing.assert_close(run.grads[name], param.grad, rtol=1e-5, atol=1e-6,
