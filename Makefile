@@ -87,7 +87,7 @@ test-extended: $(SETUP)
 # nothing), the release's lecture_lib (its Makefile sets PYTHONPATH to the release).
 release-test:
 	rm -rf $(RELEASE_DIR)
-	$(PY) -m lecture_lib.release $(RELEASE_DIR)
+	$(PY) -m lecture_lib.grading release $(RELEASE_DIR)
 	cd $(RELEASE_DIR) && $(MAKE) --no-print-directory test VENV=$(abspath $(VENV)) SETUP=
 
 # JupyterLab in headless Chromium (Debian's `chromium` package; Playwright from pip): notebooks
@@ -100,7 +100,7 @@ $(VENV)/.browser: $(VENV)/.installed
 	touch $@
 
 exercises: $(SETUP)
-	$(PY) -m lecture_lib.exercises
+	$(PY) -m lecture_lib.grading stubs
 else
 # A student's copy (no solutions/). Every command here, and every process it starts (ranks, the
 # grader's sandbox, notebook kernels, torchrun's workers), imports this folder's lecture_lib,

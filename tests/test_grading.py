@@ -1,20 +1,24 @@
 """The exercise machinery: stubs generated and fresh, the grader's negative control,
 and a grader that survives crashing and hanging student code."""
+import importlib.util
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from lecture_lib import exercises, grading
+from lecture_lib import grading
+from lecture_lib.grading import stubs
 
 
 def test_generated_stubs_are_fresh():
-    assert exercises.stale() == [], "run `python -m lecture_lib.exercises`"
+    assert stubs.stale() == [], "run `python -m lecture_lib.grading stubs`"
 
 
 def test_every_exercise_has_tests():
-    for solution in exercises.SOLUTIONS.glob("ex*.py"):
-        ex = exercises.exercise_id(solution)
+    for solution in stubs.SOLUTIONS.glob("ex*.py"):
+        ex = stubs.exercise_id(solution)
         assert sorted(grading.TESTS.glob(f"test_{ex}_*.py")), f"{ex} has no tests"
 
 
@@ -32,7 +36,7 @@ def test_make_stub_replaces_marked_blocks_only():
             return 2
             # END SOLUTION
         ''')
-    stub = exercises.make_stub(source, "ex99")
+    stub = stubs.make_stub(source, "ex99")
     assert "return x + y" not in stub and "return 2" not in stub
     assert '    raise NotImplementedError("ex99: your code here")' in stub
     assert "    return None  # TODO" in stub and "y = 1" in stub
@@ -40,33 +44,46 @@ def test_make_stub_replaces_marked_blocks_only():
 
 def test_make_stub_rejects_unmatched_markers():
     with pytest.raises(ValueError, match="no '# END SOLUTION'"):
-        exercises.make_stub("# BEGIN SOLUTION\nx = 1\n")
+        stubs.make_stub("# BEGIN SOLUTION\nx = 1\n")
     with pytest.raises(ValueError, match="unmatched"):
-        exercises.make_stub("x = 1\n# END SOLUTION\n")
+        stubs.make_stub("x = 1\n# END SOLUTION\n")
 
 
 def test_there_is_a_stub_for_every_solution():
-    assert sorted(p.name for p in exercises.EXERCISES.glob("ex*.py")) == sorted(
-        p.name for p in exercises.SOLUTIONS.glob("ex*.py"))
+    assert sorted(p.name for p in stubs.EXERCISES.glob("ex*.py")) == sorted(
+        p.name for p in stubs.SOLUTIONS.glob("ex*.py"))
 
 
-@pytest.mark.parametrize("stub", sorted(exercises.EXERCISES.glob("ex*.py")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("stub", sorted(stubs.EXERCISES.glob("ex*.py")), ids=lambda p: p.stem)
 def test_every_stub_scores_zero_with_not_implemented(stub):
     """Negative control: the tests fail cleanly on the stubs, for every exercise (one test
     per exercise, so that pytest-xdist spreads them over the workers)."""
     (r,) = grading.grade(stub, timeout=240)
-    assert r.exercise == exercises.exercise_id(stub)
+    assert r.exercise == stubs.exercise_id(stub)
     assert r.total > 0 and r.passed == 0 and r.points == 0, r
     assert "NotImplementedError" in r.first_failure, r
 
 
 def test_solution_scores_full_marks_and_json(tmp_path, capsys):
     out = tmp_path / "grades.json"
-    grading.main([str(exercises.SOLUTIONS / "ex00_ring_sum.py"), "--json", str(out)])
+    grading.main(["grade", str(stubs.SOLUTIONS / "ex00_ring_sum.py"), "--json", str(out)])
     (row,) = json.loads(out.read_text())
     assert row["exercise"] == "ex00" and row["passed"] == row["total"] > 0
     assert row["points"] == row["max_points"] == 10
     assert "10/10" in capsys.readouterr().out
+
+
+def test_one_command_line_for_grading_release_and_stubs():
+    """``python -m lecture_lib.grading`` is the one entry: ``grade`` (above), ``stubs``, and
+    ``release`` (tests/test_release.py) through one parser; the old entry points
+    (``lecture_lib.grade``, ...) are gone."""
+    done = subprocess.run([sys.executable, "-m", "lecture_lib.grading", "stubs", "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "up to date" in done.stdout, done.stdout + done.stderr
+    with pytest.raises(SystemExit):
+        grading.main([])
+    assert [m for m in ("grade", "release", "exercises")
+            if importlib.util.find_spec(f"lecture_lib.{m}")] == []
 
 
 def _student(tmp_path, body):

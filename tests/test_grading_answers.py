@@ -20,17 +20,16 @@ import torch
 import torch.distributed as dist
 from tamper_routes import LIBRARY_ANSWER, MISSES_THE_POINT
 
-from lecture_lib import exercises
-from lecture_lib.grading import Limits
+from lecture_lib.grading import Limits, stubs
 from lecture_lib.grading.harness import Exercise
 
-ROOT = exercises.ROOT
+ROOT = stubs.ROOT
 
 
 def _exercise(tmp_path: Path, name: str, body: str) -> Exercise:
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
-    return Exercise(exercises.exercise_id(name), path, Limits(wall_s=120))
+    return Exercise(stubs.exercise_id(name), path, Limits(wall_s=120))
 
 
 # ----------------------------------------------------------------------------
@@ -285,8 +284,8 @@ GROUPS.update({f"point-{i}": dict(sorted(MISSES_THE_POINT.items())[i::2]) for i 
 def _grade(folder: Path, timeout: float = 280):
     out = folder.parent / "grades.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "lecture_lib.grade", str(folder), "--json",
-                           str(out), "--timeout", "200"], cwd=folder.parent, env=env,
+    proc = subprocess.run([sys.executable, "-m", "lecture_lib.grading", "grade", str(folder),
+                           "--json", str(out), "--timeout", "200"], cwd=folder.parent, env=env,
                           capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     return {r["exercise"]: r for r in json.loads(out.read_text())}
@@ -324,8 +323,8 @@ def test_every_exercise_names_its_answer_and_each_name_exists():
     import importlib  # noqa: PLC0415
 
     from lecture_lib.grading.answers import ANSWERS  # noqa: PLC0415
-    assert sorted(ANSWERS) == sorted(exercises.exercise_id(p)
-                                     for p in exercises.SOLUTIONS.glob("ex*.py"))
+    assert sorted(ANSWERS) == sorted(stubs.exercise_id(p)
+                                     for p in stubs.SOLUTIONS.glob("ex*.py"))
     for ex, answer in ANSWERS.items():
         for call in answer.calls:
             module, _, name = call.partition(":")

@@ -1,6 +1,6 @@
 """The grader's trust boundary: submissions that tamper instead of computing score 0 on that
 exercise only, the grader keeps running and scores the others, and nothing they started
-survives. Each route is run through the real command, ``python -m lecture_lib.grade``, on
+survives. Each route is run through the real command, ``python -m lecture_lib.grading grade``, on
 a folder with the tampering ex00 and the worked ex04 (cheap, and must keep its 10/10).
 
 Routes whose signals cannot hide one another share one submission (one grading run), and
@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from tamper_routes import ROUTES
 
-from lecture_lib import exercises
+from lecture_lib.grading import stubs
 
-ROOT = exercises.ROOT
+ROOT = stubs.ROOT
 # What the first failure must say, per route (others: any failure line). The payload of
 # unpickle_runs_code runs where the ranks' results are unpickled: in the sandbox, harmlessly.
 FIRST_FAILURE = {
@@ -47,9 +47,9 @@ def test_every_route_is_graded_once():
 def _grade(folder: Path, *extra: str, timeout: float = 420):
     out = folder.parent / "grades.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "lecture_lib.grade", str(folder), "--json",
-                           str(out), "--timeout", "240", *extra], cwd=folder.parent, env=env,
-                          capture_output=True, timeout=timeout, start_new_session=True)
+    proc = subprocess.run([sys.executable, "-m", "lecture_lib.grading", "grade", str(folder),
+                           "--json", str(out), "--timeout", "240", *extra], cwd=folder.parent,
+                          env=env, capture_output=True, timeout=timeout, start_new_session=True)
     rows = json.loads(out.read_text()) if out.exists() else None
     return proc, {r["exercise"]: r for r in rows or []}
 
@@ -72,7 +72,7 @@ def test_tampering_scores_zero_and_the_grader_goes_on(routes, tmp_path):
     pidfiles = {route: tmp_path / f"{route}.pid" for route in routes}
     (folder / "ex00_ring_sum.py").write_text("\n".join(
         ROUTES[route].format(pidfile=pidfiles[route]) for route in routes))
-    shutil.copy(exercises.SOLUTIONS / "ex04_memory_per_device.py", folder)
+    shutil.copy(stubs.SOLUTIONS / "ex04_memory_per_device.py", folder)
     proc, rows = _grade(folder)
     time.sleep(1.0)                          # a survivor would still be rewriting the report
     rows_after = {r["exercise"]: r for r in json.loads((tmp_path / "grades.json").read_text())}

@@ -1,4 +1,4 @@
-"""The student release (``python -m lecture_lib.release DIR``) is a course of its own.
+"""The student release (``python -m lecture_lib.grading release DIR``) is a course of its own.
 
 What it holds and what it leaves out, the README it writes for students (naming nothing the
 release lacks), the Makefile's commands in it, the list of tests only the instructor's checkout
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from lecture_lib import exercises
 from lecture_lib.grading import release as rel
+from lecture_lib.grading import stubs
+from lecture_lib.grading.cli import main
 
-ROOT = exercises.ROOT
+ROOT = stubs.ROOT
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
 
@@ -104,7 +105,7 @@ def test_the_readme_is_for_students_and_names_nothing_absent(built):
     assert headings[0] == "For students" and len(headings) == len(rel.README_SECTIONS)
     assert rel.absent_names(readme, out) == []
     assert "solution" not in readme.lower()
-    assert "python -m lecture_lib.grade exercises/ex00_ring_sum.py" in readme
+    assert "python -m lecture_lib.grading grade exercises/ex00_ring_sum.py" in readme
     assert "stub not implemented yet" in readme
 
 
@@ -129,9 +130,8 @@ def test_a_readme_without_the_students_sections_is_refused():
 def test_a_release_is_written_from_the_instructors_checkout_only(tmp_path, monkeypatch, capsys):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    with pytest.raises(SystemExit) as stop:
-        rel.main([str(tmp_path / "full")])
-    assert stop.value.code == 2 and "not empty" in capsys.readouterr().err
+    assert main(["release", str(tmp_path / "full")]) == 2        # the command line's exit status
+    assert "not empty" in capsys.readouterr().err
     monkeypatch.setattr(rel, "SOLUTIONS", tmp_path / "no_solutions")      # as in a release
     with pytest.raises(ValueError, match="a student's copy already"):
         rel.release(tmp_path / "new")
@@ -161,7 +161,7 @@ def test_the_release_runs_its_commands_with_what_it_holds(built):
 def test_unwritten_lines_are_the_stubs_raises(built):
     out, _ = built
     stub, answer = out / "exercises" / "ex01_ring_allreduce.py", next(
-        exercises.SOLUTIONS.glob("ex01_*.py"))
+        stubs.SOLUTIONS.glob("ex01_*.py"))
     lines = rel.unwritten(stub)
     assert len(lines) == 3 and all("NotImplementedError" in stub.read_text().splitlines()[n - 1]
                                    for n in lines)
@@ -179,7 +179,7 @@ def test_unwritten_exercises_are_skipped_saying_what_to_do(built):
     assert done.returncode == 0 and " skipped" in done.stdout and "passed" not in done.stdout, \
         done.stdout + done.stderr
     assert "stub not implemented yet: write exercises/ex04_memory_per_device.py" in done.stdout
-    assert "python -m lecture_lib.grade exercises/ex04_memory_per_device.py" in done.stdout
+    assert "python -m lecture_lib.grading grade exercises/ex04_memory_per_device.py" in done.stdout
     assert "exercises not written yet: their tests were skipped" in done.stdout
 
 

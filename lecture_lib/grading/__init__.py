@@ -1,12 +1,13 @@
 """The instructor's grader, with a trust boundary: a submission never runs where it is scored.
 
-``python -m lecture_lib.grade PATH`` runs each exercise's tests in a pytest
+``python -m lecture_lib.grading grade PATH`` runs each exercise's tests in a pytest
 process of its own (:mod:`.runner`); the tests reach the student's code through
 :func:`load_exercise` (:mod:`.harness`), whose calls run in a sandboxed child
 process with resource limits (:mod:`.sandbox`, :mod:`.procs`) and come back as
 data only (:mod:`.safe_load`). The report (:mod:`.report`) is a table, JSON, or
-Gradescope's ``results.json``. ``python -m lecture_lib.release DIR`` writes the
-folder students get (:mod:`.release`). From a notebook,
+Gradescope's ``results.json``. ``python -m lecture_lib.grading release DIR`` writes
+the folder students get (:mod:`.release`), ``... stubs`` the exercise stubs
+(:mod:`.stubs`); :mod:`.cli` is the command line. From a notebook,
 ``lecture_lib.grading.check("ex00")`` grades one exercise of ``exercises/``.
 
 The boundary follows the autograders instructors use (Gradescope's containers,

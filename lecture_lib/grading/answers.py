@@ -2,15 +2,22 @@
 
 :data:`ANSWERS` names them per exercise; in the sandboxed child and on its ranks
 they refuse the submission (:mod:`.refusal`), so a submission that calls them
-scores nothing on the tests it would pass that way. Inside the sandbox the tests
-see the submission's module through :class:`Submission`, which marks every call
+scores nothing on the tests it would pass that way. Inside the sandbox (and on its
+ranks) :func:`submission` imports the student's file, those calls refused first, and
+the tests see the module through :class:`Submission`, which marks every call
 into it as the submission's (also where a name of the module *is* a library
 function: ``ring_sum = collectives.ring_all_reduce``).
 """
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+import cloudpickle
 
 from . import refusal
 
@@ -120,15 +127,37 @@ class Submission:
         return dir(self._module)
 
     def __reduce__(self):                 # to a rank: the submission's module there
-        return (_load, (self._name,))
+        return (submission, (self._name,))
 
     def __repr__(self):
         return f"<exercise {self._name}: the submission's module>"
 
 
-def _load(name: str):
-    from .harness import load_exercise  # noqa: PLC0415  (harness imports this module)
-    return load_exercise(name)
+def submission(ex: str) -> Submission:
+    """The student's module for exercise ``ex`` in the sandboxed child and on its ranks (the
+    file the sandbox copied, ``$LECTURE_SANDBOX_FILE``), seen through :class:`Submission`."""
+    return Submission(ex, _import(ex, Path(os.environ["LECTURE_SANDBOX_FILE"])))
+
+
+def _import(ex: str, path: Path):
+    """Import the student's module (in the sandboxed child and on its ranks only)."""
+    name = f"exercise_{ex}"
+    if name in sys.modules:
+        return sys.modules[name]
+    answer = ANSWERS.get(ex)
+    if answer is not None:                  # before the submission's first line runs
+        refusal.refuse(ex, path, name, f"it is the library's answer to this exercise "
+                      f"({answer.what})", answer.calls, answer.send_recv_only)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    cloudpickle.register_pickle_by_value(module)      # ranks get it by value
+    return module
 
 
 class _EnteredClass:

@@ -30,7 +30,6 @@ submission (:func:`.refusal.refuse`), and the test fails with
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from contextlib import contextmanager
@@ -40,12 +39,11 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .. import launch
-from ..exercises import EXERCISES, ROOT, SOLUTIONS, exercise_id
-from . import refusal
-from .answers import ANSWERS, Answer, Submission
+from ..runtime import launch
+from .answers import ANSWERS, Answer, submission
 from .safe_load import ForbiddenValue
 from .sandbox import LimitExceeded, Limits, Sandbox, SandboxDied, close_all
+from .stubs import EXERCISES, ROOT, SOLUTIONS, exercise_id
 
 __all__ = ["load_exercise", "Exercise", "Limits", "LimitExceeded", "SandboxDied",
            "ForbiddenValue", "AnswerRefused", "ANSWERS", "Answer", "close_all",
@@ -89,32 +87,11 @@ def load_exercise(ex: str, **limits):
     In the sandboxed child and its ranks, the student's module itself.
     """
     if os.environ.get("LECTURE_SANDBOX_EXERCISE") == ex:
-        return Submission(ex, _import(ex, Path(os.environ["LECTURE_SANDBOX_FILE"])))
+        return submission(ex)
     key = (ex, tuple(sorted(limits.items())))
     if key not in _OPEN:
         _OPEN[key] = Exercise(ex, student_file(ex), Limits(**limits))
     return _OPEN[key]
-
-
-def _import(ex: str, path: Path):
-    """Import the student's module (in the sandboxed child and on its ranks only)."""
-    name = f"exercise_{ex}"
-    if name in sys.modules:
-        return sys.modules[name]
-    answer = ANSWERS.get(ex)
-    if answer is not None:                  # before the submission's first line runs
-        refusal.refuse(ex, path, name, f"it is the library's answer to this exercise "
-                      f"({answer.what})", answer.calls, answer.send_recv_only)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    cloudpickle.register_pickle_by_value(module)      # ranks get it by value
-    return module
 
 
 class Exercise:

@@ -1,6 +1,6 @@
 """The student release: the folder an instructor hands out, a course of its own without the answers.
 
-``python -m lecture_lib.release DIR`` writes into DIR (which must not exist, or
+``python -m lecture_lib.grading release DIR`` writes into DIR (which must not exist, or
 be empty) what a student needs to follow the course, do the exercises and run
 the README's commands: the notebooks, the exercise stubs, the library and its
 tests, the exercises' tests (students grade their own work with them), the
@@ -20,18 +20,17 @@ lacks.
 In the release, ``make test`` passes ``-p lecture_lib.grading.release`` to pytest:
 an exercise's tests are then skipped, saying what to do, while the student's
 file still raises the stub's ``NotImplementedError`` (:func:`pytest_collection_modifyitems`).
-The grader (``python -m lecture_lib.grade``) does not load this plugin: there an
+The grader (``python -m lecture_lib.grading grade``) does not load this plugin: there an
 unwritten stub fails, and scores 0, with that ``NotImplementedError`` as its first failure.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import re
 import shutil
 from pathlib import Path
 
-from ..exercises import EXERCISES, ROOT, SOLUTIONS, exercise_id, stale
+from .stubs import EXERCISES, ROOT, SOLUTIONS, exercise_id, stale
 
 #: Copied as they are (README.md is written: see :func:`student_readme`).
 FILES = ("pyproject.toml", "Makefile", "environment.yml", ".gitignore")
@@ -78,7 +77,7 @@ def release(target: str | Path, private: list[str | Path] = ()) -> list[str]:
     if target.exists() and any(target.iterdir()):
         raise ValueError(f"{target} exists and is not empty")
     if (bad := stale()):
-        raise ValueError(f"stale exercise stubs {bad}: run `python -m lecture_lib.exercises`")
+        raise ValueError(f"stale exercise stubs {bad}: run `python -m lecture_lib.grading stubs`")
     readme = student_readme((ROOT / "README.md").read_text())
     private = [Path(p).resolve() for p in private]
     target.mkdir(parents=True, exist_ok=True)
@@ -192,7 +191,7 @@ def pytest_collection_modifyitems(config, items):
             reasons[ex] = lines and (
                 f"{_UNWRITTEN}: write {_shown(path)} (NotImplementedError at line "
                 f"{', '.join(map(str, lines))}), then grade it with "
-                f"`python -m lecture_lib.grade {_shown(path)}`")
+                f"`python -m lecture_lib.grading grade {_shown(path)}`")
         if reasons[ex]:
             item.add_marker(pytest.mark.skip(reason=reasons[ex]))
 
@@ -228,20 +227,3 @@ def left_out(released: list[str]) -> list[str]:
             out.append(rel + "/" * p.is_dir())
     return out
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lecture_lib.release",
-                                     description="Write the folder students get.")
-    parser.add_argument("dir", help="where to write it (new or empty)")
-    parser.add_argument("--private", action="append", default=[], metavar="DIR",
-                        help="a folder never to release (e.g. your --extra-tests)")
-    args = parser.parse_args(argv)
-    try:
-        released = release(args.dir, args.private)
-    except ValueError as err:
-        parser.exit(2, f"python -m lecture_lib.release: {err}\n")
-    print(f"wrote {len(released)} files to {args.dir}: the course as students get it (notebooks, "
-          "exercise stubs, the library, its tests and the exercises' tests, examples, "
-          "tools/" + " and tools/".join(TOOLS) + ", a README for students)")
-    print("left out: " + ", ".join(left_out(released) + [str(p) for p in args.private]))
-    return 0

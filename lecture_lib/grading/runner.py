@@ -29,11 +29,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import zygote
-from ..exercises import EXERCISES, ROOT, exercise_id
-from ..launch import worker_pids
+from ..runtime import worker_pids, zygote
 from . import procs
 from .sandbox import _Tail
+from .stubs import EXERCISES, ROOT, exercise_id
 
 TESTS = ROOT / "tests" / "exercises"
 DEFAULT_POINTS = 10

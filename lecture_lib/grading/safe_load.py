@@ -20,10 +20,10 @@ from collections import OrderedDict
 
 import torch
 
-from ..launch import RankError, RankTimeout
 from ..models import TrainResult
 from ..pipeline.execute import StepRecord
 from ..pipeline.schedules import Action
+from ..runtime import RankError, RankTimeout
 
 #: The pack's plain dataclasses that may cross, by name (their constructors only store fields).
 ALLOWED_CLASSES: dict[str, type] = {

@@ -38,8 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .. import zygote
-from ..launch import worker_pids
+from ..runtime import worker_pids, zygote
 from . import procs, safe_load
 from ._child import HEADER, send_frame
 

@@ -7,7 +7,7 @@ A solution file ``solutions/exNN_topic.py`` marks what the student writes::
         ...the answer...
         # END SOLUTION
 
-``python -m lecture_lib.exercises`` writes ``exercises/exNN_topic.py`` with
+``python -m lecture_lib.grading stubs`` writes ``exercises/exNN_topic.py`` with
 each marked block replaced by ``raise NotImplementedError(...)`` (at the
 block's indentation); ``--check`` changes nothing and exits 1 when any
 generated file is stale, so CI catches a solution edited without
@@ -16,12 +16,11 @@ instead of the raise (for a skeleton the student completes).
 """
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+#: The course pack's folders (the checkout's, or a release's: the one this library is in).
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 _NAME = re.compile(r"^(ex\d\d)_\w+\.py$")
@@ -29,9 +28,9 @@ _BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION\s*$")
 _END = re.compile(r"^\s*# END SOLUTION\s*$")
 _STUB = re.compile(r"^\s*# STUB: ?(.*)$")
 
-HEADER = ('# Generated from solutions/{name} by `python -m lecture_lib.exercises`.\n'
+HEADER = ('# Generated from solutions/{name} by `python -m lecture_lib.grading stubs`.\n'
           '# Students: fill in every NotImplementedError below, then check your work with\n'
-          '#   python -m lecture_lib.grade exercises/{name}\n')
+          '#   python -m lecture_lib.grading grade exercises/{name}\n')
 
 
 def exercise_id(path: Path | str) -> str | None:
@@ -95,23 +94,3 @@ def write() -> list[str]:
         p.write_text(text)
     return sorted(p.name for p in want)
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lecture_lib.exercises",
-                                     description="Generate exercises/ from solutions/.")
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if exercises/ is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        bad = stale()
-        if bad:
-            print("stale exercise stubs (run `python -m lecture_lib.exercises`):", *bad)
-            return 1
-        print("exercise stubs are up to date")
-        return 0
-    print("wrote", *write())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
