@@ -22,13 +22,10 @@
   every stream, returns seconds) and ``label`` (e.g. "H100 + NVLink"). With no
   source, or while it returns ``None``, every measurement is real time.
 * :func:`tokens_per_second` and :func:`share`: the derived figures.
-* :func:`model_flops_per_token` (:func:`gpt_flops_per_token` for the course's
-  GPT) and :func:`mfu`: model FLOPs utilisation,
-  6N per token plus attention (Chowdhery et al. 2022, "PaLM", appendix B;
-  Korthikanti et al. 2022).
-* :func:`training_days`: the same identity solved for time, the days a run of ``D``
-  tokens takes at a given MFU (``6 N D`` FLOPs for a dense model: Kaplan et al. 2020,
-  "Scaling Laws for Neural Language Models", section 2.1).
+* :func:`mfu` of what was measured, with :func:`model_flops_per_token` (``6 N + 12 L T d``;
+  :func:`gpt_flops_per_token` for the course's GPT) and :func:`training_days`: the
+  formulas live in :mod:`lecture_lib.costmodel.flops`, written once, and are
+  re-exported here beside the measurements they turn into MFU.
 * :func:`saved_tensor_bytes`: bytes autograd keeps for the backward pass,
   counted with saved-tensor hooks (each storage once).
 * :func:`tensor_bytes` and :func:`state_bytes`: bytes of parameters, gradients
@@ -41,6 +38,12 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
+
+from .costmodel.flops import gpt_flops_per_token, mfu, model_flops_per_token, training_days
+
+__all__ = ["Timer", "now", "synchronize", "time_kind", "set_clock_source", "wall_time", "share",
+           "tokens_per_second", "mfu", "model_flops_per_token", "gpt_flops_per_token",
+           "training_days", "saved_tensor_bytes", "tensor_bytes", "state_bytes"]
 
 _clock_source = None        # set_clock_source: () -> the active virtual clock, or None
 
@@ -161,62 +164,6 @@ def tokens_per_second(tokens: int, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, not {seconds}")
     return tokens / seconds
-
-
-def model_flops_per_token(n_params: int, n_layers: int = 0, seq_len: int = 0,
-                          d_model: int = 0) -> float:
-    """Training FLOPs per token: ``6 N + 12 L T d`` (Chowdhery et al. 2022, appendix B).
-
-    ``6 N``: a multiply-add (2 FLOPs) per parameter forward, twice that backward;
-    ``12 L T d``: the attention scores and their weighted sum (``Q K^T`` and
-    ``A V``, ``2 T d`` FLOPs each per token and layer forward, times 3 with the
-    backward), which no parameter accounts for. ``N`` excludes the embedding
-    tables by convention (they do a lookup, not a matmul). Recomputation is
-    not counted: this is *model* FLOPs, not hardware FLOPs.
-    """
-    for name, value in (("n_params", n_params), ("n_layers", n_layers), ("seq_len", seq_len),
-                        ("d_model", d_model)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
-    return 6.0 * n_params + 12.0 * n_layers * seq_len * d_model
-
-
-def gpt_flops_per_token(model) -> float:
-    """:func:`model_flops_per_token` of the course's GPT (:class:`lecture_lib.models.GPT`):
-    ``N`` counts every parameter but the token and position embeddings (the head is a
-    matmul and counts); ``L``, ``T`` and ``d`` come from ``model.cfg``."""
-    cfg = model.cfg
-    n = sum(p.numel() for name, p in model.named_parameters()
-            if name not in ("tok_emb.weight", "pos_emb.weight"))
-    return model_flops_per_token(n, cfg.n_layers, cfg.seq_len, cfg.d_model)
-
-
-def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,
-        devices: int = 1) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak.
-
-    ``tokens_per_s`` is the whole job's throughput, ``peak_flops`` one device's
-    dense peak (e.g. ``emulate.H100_SXM.bf16_flops``).
-    """
-    if not tokens_per_s >= 0 or not flops_per_token > 0 or not peak_flops > 0 or devices < 1:
-        raise ValueError("mfu needs tokens_per_s >= 0, flops_per_token > 0, peak_flops > 0 "
-                         "and devices >= 1")
-    return tokens_per_s * flops_per_token / (peak_flops * devices)
-
-
-def training_days(flops_per_token: float, tokens: float, peak_flops: float, devices: int,
-                  mfu_value: float) -> float:
-    """Days to train on ``tokens`` tokens: ``tokens * flops_per_token / (devices * peak * MFU)``.
-
-    :func:`mfu` solved for time: at utilisation ``mfu_value`` the job does
-    ``devices * peak_flops * mfu_value`` model FLOP/s. With ``flops_per_token = 6 N``
-    (:func:`model_flops_per_token` of ``N`` parameters) this is the ``6 N D`` estimate.
-    """
-    if not flops_per_token > 0 or not tokens > 0 or not peak_flops > 0 or devices < 1 \
-            or not 0 < mfu_value <= 1:
-        raise ValueError("training_days needs flops_per_token > 0, tokens > 0, peak_flops > 0, "
-                         "devices >= 1 and 0 < mfu_value <= 1")
-    return tokens * flops_per_token / (devices * peak_flops * mfu_value) / 86400.0
 
 
 @contextmanager

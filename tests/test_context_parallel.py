@@ -33,13 +33,13 @@ from lecture_lib.context_parallel.experiments import (
     measure_ring_overlap,
     train_context_parallel,
 )
-from lecture_lib.context_parallel.figures import cell_labels, draw_ring_steps
 from lecture_lib.costmodel.context_parallel import (
     gpt_block_activation_bytes,
     ring_attention_flops,
     ring_bytes_per_layer,
     ulysses_bytes_per_layer,
 )
+from lecture_lib.figures.pictures.ring_steps import cell_labels, draw_ring_steps
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 SHAPE = (2, 4, 32, 8)                     # batch, heads, tokens, head_dim
@@ -183,7 +183,8 @@ def test_ring_overlaps_kv_hops_with_attention_in_emulated_time():
     (lambda: ring_attention(*_qkv([8, 8, 8]), "local", "stripes"), "layout must be one of"),
 ])
 def test_bad_input_fails_before_any_process_starts(check, match, monkeypatch):
-    monkeypatch.setattr(lecture_lib.launch, "run", lambda *a, **k: pytest.fail("ranks started"))
+    monkeypatch.setattr(lecture_lib.runtime.launch, "run",
+                        lambda *a, **k: pytest.fail("ranks started"))
     with pytest.raises(ValueError, match=match):
         check()
 

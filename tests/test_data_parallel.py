@@ -12,6 +12,7 @@ from lecture_lib.costmodel import (
     fit_ddp_overhead,
     two_stream_step,
 )
+from lecture_lib.data_parallel import experiments as dpx
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
@@ -55,9 +56,9 @@ def _train_every_variant(jobs):
         variant, name, accumulation, bucket, every = job
         model = GPT(CFG, seed=0) if name == "gpt" else TiedFrozen(seed=dist.get_rank())
         opt, lr = OPTIMIZER[name]
-        out[job] = DP.train_data_parallel(variant, model, lambda s: DATA.batch(s, BATCH),
-                                          STEPS, lr=lr, optimizer=opt, accumulation=accumulation,
-                                          bucket_size_mb=bucket, sync_every_micro_batch=every)
+        out[job] = dpx.train_data_parallel(variant, model, lambda s: DATA.batch(s, BATCH),
+                                           STEPS, lr=lr, optimizer=opt, accumulation=accumulation,
+                                           bucket_size_mb=bucket, sync_every_micro_batch=every)
     return out
 
 
@@ -128,9 +129,9 @@ def test_bad_input_before_any_process_starts():
     with pytest.raises(TypeError, match="bucket_size_mb"):
         DP.DDPBucketed(model, "25")
     with pytest.raises(ValueError, match="variant"):
-        DP.check_training_args("zero", 1, 1)
+        dpx.check_training_args("zero", 1, 1)
     with pytest.raises(ValueError, match="accumulation"):
-        DP.check_training_args("flat", 1, 0)
+        dpx.check_training_args("flat", 1, 0)
     with pytest.raises(RuntimeError, match="no process group"):
         DP.DDPIndividualParameters(model)
 
@@ -162,7 +163,7 @@ def _fails_on_rank_1():
         if dist.get_rank() == 1 and step == 1:
             raise RuntimeError("data loader broke")
         return DATA.batch(step, BATCH)
-    return DP.train_data_parallel("bucketed", model, batches, 3, bucket_size_mb=0.01)
+    return dpx.train_data_parallel("bucketed", model, batches, 3, bucket_size_mb=0.01)
 
 
 def test_a_failing_rank_ends_the_call_with_its_error_and_the_next_call_works():
@@ -193,8 +194,8 @@ def _compare_on_rank():
     configs = {"flat": dict(variant="flat"),
                "bucketed": dict(variant="bucketed", bucket_size_mb=0.01),
                "acc2": dict(variant="individual", accumulation=2, sync_every_micro_batch=True)}
-    return DP.compare_variants(configs, lambda: GPT(CFG, seed=0), lambda s: DATA.batch(s, BATCH),
-                               steps=2, warmup=1)
+    return dpx.compare_variants(configs, lambda: GPT(CFG, seed=0), lambda s: DATA.batch(s, BATCH),
+                                steps=2, warmup=1)
 
 
 def test_compare_variants_measures_every_config():
@@ -209,7 +210,7 @@ def test_compare_variants_measures_every_config():
                                                            "optimizer"]
     assert results[0]["flat"]["step_times"] == results[1]["flat"]["step_times"]  # slowest rank
     with pytest.raises(ValueError, match="unknown keys"):
-        DP.compare_variants({"x": dict(variant="flat", bucket=1)}, None, None, 1)
+        dpx.compare_variants({"x": dict(variant="flat", bucket=1)}, None, None, 1)
 
 
 def test_two_stream_step_queues_the_all_reduces():

@@ -3,6 +3,8 @@
 Every expected time below is computed from the preset's constants and the
 textbook formula, never read back from the emulation.
 """
+import importlib
+import json
 import subprocess
 import sys
 
@@ -12,13 +14,18 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib import data_parallel as DP
-from lecture_lib import emulate, metrics, plots
+from lecture_lib import emulate, metrics
 from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
-from lecture_lib.expert_parallel import MoEConfig, train_moe
-from lecture_lib.hybrid import HybridConfig, train_on_rank
+from lecture_lib.dims import ParallelDims
+from lecture_lib.emulate.session import user_code
+from lecture_lib.expert_parallel import MoEConfig
+from lecture_lib.expert_parallel.experiments import train_moe
+from lecture_lib.figures import plots
+from lecture_lib.hybrid import train_on_rank
 from lecture_lib.models import GPT, GPTConfig, MarkovText, lm_loss, shard
-from lecture_lib.pipeline import make_schedule, train_stage
+from lecture_lib.pipeline import make_schedule
+from lecture_lib.pipeline.experiments import train_stage
 from lecture_lib.zero import FullyShardedModel, fsdp_gather_full_params
 
 # The idealised charges: datasheet peaks and alpha-beta rings (the calibrated charges are
@@ -156,6 +163,42 @@ def test_collectives_and_messages_on_four_ranks():
     assert last == n // 4 - 1
 
 
+_USER_MODULE = '''"""A student's own module, under a name the course never uses."""
+import torch
+from torch.distributed import all_reduce
+
+
+def total(n):
+    x = torch.ones(n)
+    all_reduce(x)
+    return x[0].item()
+'''
+
+
+def _in_a_user_module(folder, name):
+    """On a rank: import module ``name`` from ``folder`` and run its all-reduce emulated."""
+    sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(name)
+        with emulate.emulated(H100) as clock:
+            value = module.total(1024)
+        return value, clock.calls_by_kind
+    finally:
+        sys.path.remove(folder)
+        sys.modules.pop(name, None)
+
+
+def test_a_user_module_of_any_name_is_timed(tmp_path):
+    """A module's own reference to a collective (``from torch.distributed import all_reduce``)
+    is timed whatever the module is called (not only in solutions/, exercises/, examples/);
+    the standard library's and installed packages' modules are left alone."""
+    name = "my_ring_homework"
+    (tmp_path / f"{name}.py").write_text(_USER_MODULE)
+    for value, calls in lecture_lib.run(_in_a_user_module, 2, str(tmp_path), name, timeout=120):
+        assert value == 2 and calls == {"all_reduce": 1}
+    assert not any(user_code(m.__name__, m) for m in (torch, dist, json, pytest))
+
+
 # ----------------------------------------------------------------------------
 # Results untouched: every scheme, with and without the emulation, bit for bit
 # ----------------------------------------------------------------------------
@@ -218,7 +261,7 @@ def _expert_parallel():
 
 
 def _hybrid():
-    result = train_on_rank(CFG, HybridConfig(tp=2, pp=2, microbatches=2), 8, steps=2)
+    result = train_on_rank(CFG, ParallelDims(tp=2, pp=2, microbatches=2), 8, steps=2)
     return result["losses"] + list(result["params"].values())
 
 
@@ -283,7 +326,7 @@ def test_bad_presets_and_links_are_refused(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(lecture_lib.launch, "run", no_launch)
+    monkeypatch.setattr(lecture_lib.runtime.launch, "run", no_launch)
     with pytest.raises(ValueError, match="unknown emulation preset"):
         emulate.run(_all_reduce, 2, 1024, preset="h200-node")
     with pytest.raises(ValueError, match="bandwidth"):

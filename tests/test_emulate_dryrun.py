@@ -115,7 +115,8 @@ def test_a_value_cannot_be_read_in_a_dry_run():
 
 @pytest.mark.parametrize("bad", ["yes", 1, None, 0.0])
 def test_bad_dry_run_is_refused_before_any_process_starts(monkeypatch, bad):
-    monkeypatch.setattr(lecture_lib.launch, "run", lambda *a, **k: pytest.fail("ranks started"))
+    monkeypatch.setattr(lecture_lib.runtime.launch, "run",
+                        lambda *a, **k: pytest.fail("ranks started"))
     with pytest.raises(TypeError, match="dry_run must be True or False"):
         emulate.run(_ddp_step, 2, SMALL, 4, "flat", dry_run=bad)
     with pytest.raises(TypeError, match="dry_run must be True or False"):

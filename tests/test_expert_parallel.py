@@ -10,6 +10,7 @@ import torch.distributed as dist
 import lecture_lib
 from lecture_lib import comm, costmodel
 from lecture_lib import expert_parallel as ep
+from lecture_lib.expert_parallel import experiments as epx
 from lecture_lib.models import GPTConfig, MarkovText, assert_same_training, train_reference
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -129,8 +130,8 @@ def _train_small(world_size, moe, steps=3):
     is 0 (the attention's key bias: softmax ignores it) it turns summation-order rounding
     (1e-10) into full-size steps; SGD keeps rounding at rounding size."""
     cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=2)
-    got = ep.train_expert_parallel(cfg, moe, world_size, steps, batch_size=8, lr=0.5,
-                                   optimizer="sgd", timeout=120)
+    got = epx.train_expert_parallel(cfg, moe, world_size, steps, batch_size=8, lr=0.5,
+                                    optimizer="sgd", timeout=120)
     data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=0)
     ref = train_reference(ep.MoEGPT(cfg, moe, 0, group=ep.LOCAL), lambda s: data.batch(s, 8),
                           steps, lr=0.5, optimizer="sgd")
@@ -153,9 +154,9 @@ def test_bad_input_fails_before_any_rank_starts(monkeypatch):
     monkeypatch.setattr(ep.experiments, "run", no_ranks)
     cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=1)
     with pytest.raises(ValueError, match="divisible"):
-        ep.train_expert_parallel(cfg, ep.MoEConfig(6, 1), 4, 1, batch_size=8)
+        epx.train_expert_parallel(cfg, ep.MoEConfig(6, 1), 4, 1, batch_size=8)
     with pytest.raises(ValueError, match="batch_size"):
-        ep.train_expert_parallel(cfg, ep.MoEConfig(4, 1), 4, 1, batch_size=6)
+        epx.train_expert_parallel(cfg, ep.MoEConfig(4, 1), 4, 1, batch_size=6)
     with pytest.raises(ValueError, match="larger than the number of experts"):
         ep.MoEConfig(4, 5)
     for cf in (0, -1.0, "1"):
@@ -194,21 +195,21 @@ def test_drop_rates_fall_with_capacity_and_match_the_layer():
     cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=2, n_layers=2)
     moe = ep.MoEConfig(4, 1, 1.0)
     params = dict(ep.MoEGPT(cfg, moe, 0, group=ep.LOCAL).named_parameters())
-    rates = ep.measure_drop_rates(cfg, moe, params, [0.25, 0.5, 1.0, 4.0], batch_size=8)
+    rates = epx.measure_drop_rates(cfg, moe, params, [0.25, 0.5, 1.0, 4.0], batch_size=8)
     assert rates.shape == (4, 2)
     assert (rates[1:] <= rates[:-1]).all() and (rates[-1] == 0).all()
     assert torch.allclose(rates[0], torch.full((2,), 0.75))          # C = T/16: 3/4 dropped
     with pytest.raises(ValueError, match="capacity_factor"):
-        ep.measure_drop_rates(cfg, moe, params, [1.0, 0.0])
+        epx.measure_drop_rates(cfg, moe, params, [1.0, 0.0])
 
 
 def test_benchmark_layer_times_every_phase_and_counts_bytes():
     with pytest.raises(ValueError, match="divisible"):
-        ep.benchmark_layer(4, tokens=66)
+        epx.benchmark_layer(4, tokens=66)
     with pytest.raises(ValueError, match="divisible"):
-        ep.benchmark_layer(4, num_experts=6)
-    res = ep.benchmark_layer(2, tokens=256, d_model=16, d_ff=32, num_experts=4, repeats=2,
-                             timeout=60)
+        epx.benchmark_layer(4, num_experts=6)
+    res = epx.benchmark_layer(2, tokens=256, d_model=16, d_ff=32, num_experts=4, repeats=2,
+                              timeout=60)
     for rank, r in enumerate(res):
         assert set(r["seconds"]) == {"route", "counts", "dispatch", "experts", "combine"}
         assert all(t > 0 for t in r["seconds"].values())
@@ -219,9 +220,9 @@ def test_benchmark_layer_times_every_phase_and_counts_bytes():
 
 def test_benchmark_layer_sweep_checks_every_world_size_before_starting():
     with pytest.raises(ValueError, match="divisible by 4 ranks"):
-        ep.benchmark_layer_sweep((1, 4), tokens=66)
-    res = ep.benchmark_layer_sweep((1,), tokens=64, d_model=8, d_ff=16, num_experts=2,
-                                   repeats=1, timeout=60)
+        epx.benchmark_layer_sweep((1, 4), tokens=66)
+    res = epx.benchmark_layer_sweep((1,), tokens=64, d_model=8, d_ff=16, num_experts=2,
+                                    repeats=1, timeout=60)
     assert list(res) == [1] and set(res[1][0]["seconds"]) >= {"route", "experts"}
 
 

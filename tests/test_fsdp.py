@@ -14,10 +14,6 @@ Tolerances, stated once:
   the losses and, with SGD, for each parameter's distance to the reference against the
   distance it moved (scale_floor: the attention key bias moves by rounding noise alone).
 """
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  after choosing the backend
 import pytest
 import torch
 import torch.nn as nn
@@ -26,8 +22,8 @@ import lecture_lib
 from lecture_lib import precision, tolerance, zero
 from lecture_lib.metrics import Timer
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
-from lecture_lib.zero import fsdp_experiments as FE
-from lecture_lib.zero import picture
+from lecture_lib.zero import experiments as zerox
+from lecture_lib.zero import fsdp_experiments as fsdpx
 
 CFG = GPTConfig(n_layers=2)
 DATA = MarkovText()
@@ -109,9 +105,9 @@ def test_default_policy_blocks_linears_embeddings():
 # -- equal to one process, at 2 and 4 ranks --------------------------------------
 
 def _fp32_and_odd_models():
-    out = {opt: zero.train_fsdp(make_gpt, batches, STEPS, lr, opt)
+    out = {opt: zerox.train_fsdp(make_gpt, batches, STEPS, lr, opt)
            for opt, lr in (("sgd", 0.1), ("adamw", 1e-2))}
-    out["odd"] = zero.train_fsdp(TiedOddModel, batches, STEPS, 0.1, "sgd")
+    out["odd"] = zerox.train_fsdp(TiedOddModel, batches, STEPS, 0.1, "sgd")
     return out
 
 
@@ -135,7 +131,7 @@ def _casts():
     out = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         for opt, lr in (("sgd", 0.1), ("adamw", 1e-2)):
-            out[name, opt] = zero.train_fsdp(make_gpt, batches, 4, lr, opt, compute_dtype=dtype)
+            out[name, opt] = zerox.train_fsdp(make_gpt, batches, 4, lr, opt, compute_dtype=dtype)
     return out
 
 
@@ -201,7 +197,7 @@ def test_parameters_are_fp32_shards_and_checkpoints_load_back(tmp_path):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_bytes_sent_3_psi_against_2_psi(world_size):
-    got = lecture_lib.run(FE.measure_comm_volume, world_size, make_gpt, batches,
+    got = lecture_lib.run(fsdpx.measure_comm_volume, world_size, make_gpt, batches,
                           timeout=120)[0]
     # Rajbhandari et al. 2020, section 7. FSDP is a little under 3 Psi because the final
     # LayerNorm (128 of 110k parameters) is replicated and all-reduced: 2x, not 3x.
@@ -214,7 +210,7 @@ def test_bytes_sent_3_psi_against_2_psi(world_size):
 
 
 def test_reshard_after_forward_trades_memory_for_an_all_gather():
-    got = lecture_lib.run(FE.measure_fsdp_memory, 2, make_gpt, batches, timeout=60)[0]
+    got = lecture_lib.run(fsdpx.measure_fsdp_memory, 2, make_gpt, batches, timeout=60)[0]
     every_unit = 4 * sum(p.numel() for n, p in make_gpt().named_parameters()
                          if not n.startswith("ln_f"))
     assert got[False]["peak_gathered_bytes"] == every_unit       # kept from forward to backward
@@ -224,7 +220,7 @@ def test_reshard_after_forward_trades_memory_for_an_all_gather():
 
 
 def _timelines():
-    return {pf: FE.fsdp_timeline(make_gpt, batches, 2, pf, Timer()) for pf in (True, False)}
+    return {pf: fsdpx.fsdp_timeline(make_gpt, batches, 2, pf, Timer()) for pf in (True, False)}
 
 
 def test_prefetch_overlaps_the_next_gather_with_compute():
@@ -239,25 +235,10 @@ def test_prefetch_overlaps_the_next_gather_with_compute():
         assert len(on["step_seconds"]) == 2 and all(s > 0 for s in on["step_seconds"])
 
 
-def test_shard_states_replays_events_and_draws():
-    events = [("gather", "a", "forward"), ("wait", "a", "forward"), ("full", "a", "forward"),
-              ("compute", "a", "forward"), ("gather", "b", "forward"), ("done", "a", "forward"),
-              ("free", "a", "forward")]
-    states = picture.shard_states(events, ["a", "b"])
-    assert [s for _, s in states] == [
-        {"a": "in flight", "b": "sharded"}, {"a": "full", "b": "sharded"},
-        {"a": "computing", "b": "sharded"}, {"a": "computing", "b": "in flight"},
-        {"a": "full", "b": "in flight"}, {"a": "sharded", "b": "in flight"}]
-    fig, ax = plt.subplots()
-    picture.plot_shard_states(ax, states, ["a", "b"], 2)
-    assert len(ax.patches) == 2 * len(states)
-    plt.close(fig)
-
-
 # -- side by side with torch FSDP2 ------------------------------------------------
 
 def _with_fsdp2():
-    return {dtype: zero.fsdp2_side_by_side(make_gpt, batches, STEPS, compute_dtype=dtype)
+    return {dtype: zerox.fsdp2_side_by_side(make_gpt, batches, STEPS, compute_dtype=dtype)
             for dtype in (None, torch.bfloat16)}
 
 
@@ -300,10 +281,10 @@ def make_emu_gpt():
 
 def _emulated_timelines():
     make = make_emu_gpt
-    out = {pf: FE.fsdp_timeline_emulated(make, emu_batches, 2, pf, EMU_PRESET)
+    out = {pf: fsdpx.fsdp_timeline_emulated(make, emu_batches, 2, pf, EMU_PRESET)
            for pf in (True, False)}
-    out["again"] = FE.fsdp_timeline_emulated(make, emu_batches, 2, True, EMU_PRESET)
-    out["real"] = FE.fsdp_timeline(make, emu_batches, 2, True, Timer())
+    out["again"] = fsdpx.fsdp_timeline_emulated(make, emu_batches, 2, True, EMU_PRESET)
+    out["real"] = fsdpx.fsdp_timeline(make, emu_batches, 2, True, Timer())
     return out
 
 

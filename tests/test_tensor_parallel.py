@@ -10,95 +10,148 @@ import lecture_lib
 from lecture_lib import costmodel, models
 from lecture_lib import tensor_parallel as tp_lib
 from lecture_lib.mesh import RankGrid
+from lecture_lib.tensor_parallel import experiments as tpx
 
 RTOL, ATOL = 1e-5, 1e-6
 CFG = models.GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=4, n_layers=2)
 
 
-def _layer_checks(cfg):
-    """On every rank: each parallel layer against its one-device original.
+# Each claim: one function a rank runs, returning ``[(what, got, expected), ...]`` (the parallel
+# layer's value beside its one-device original's). The rank runs every claim, each on its own
+# random data, and an exception in one is that claim's failure alone.
 
-    Returns ``{layer: [(what, got, expected), ...]}``; the loss weights ``R``
-    make every output element matter for the gradients.
-    """
-    r, p = dist.get_rank(), dist.get_world_size()
-    g = torch.Generator().manual_seed(1)
-    checks = {}
+def _my_columns(t):
+    return t.chunk(dist.get_world_size(), -1)[dist.get_rank()]
 
-    def grads(module, ref_module):
-        full = tp_lib.gather_full(module, grads=True)
-        return [(f"grad {n}", full[n], ref.grad.clone())
-                for n, ref in ref_module.named_parameters()]
 
-    def run_pair(name, module, ref_module, x_full, local_in=None, local_out=None):
-        """Forward both, weight the outputs by R, backward; compare out, input grad, weights."""
-        ref_module.zero_grad(set_to_none=True)
-        x_ref = x_full.clone().requires_grad_(True)
-        y_ref = ref_module(x_ref)
-        weights = torch.randn(y_ref.shape, generator=g)
-        (y_ref * weights).sum().backward()
-        x = (local_in(x_full) if local_in else x_full).clone().requires_grad_(True)
-        y = module(x)
-        w_local = local_out(weights) if local_out else weights
-        (y * w_local).sum().backward()
-        tp_lib.sync_sequence_parallel_grads(module)
-        exp_in = local_in(x_ref.grad) if local_in else x_ref.grad
-        exp_out = local_out(y_ref.detach()) if local_out else y_ref.detach()
-        checks[name] = [("output", y.detach(), exp_out), ("input grad", x.grad, exp_in)]
-        checks[name] += grads(module, ref_module)
+def _my_positions(t):                       # this rank's part of the sequence
+    return t.chunk(dist.get_world_size(), 1)[dist.get_rank()]
 
-    last = lambda t: t.chunk(p, -1)[r]             # noqa: E731  this rank's columns
-    seq = lambda t: t.chunk(p, 1)[r]               # noqa: E731  this rank's part of the sequence
-    x = torch.randn(3, cfg.seq_len, 16, generator=g)
+
+def _grads(module, ref_module):
+    full = tp_lib.gather_full(module, grads=True)
+    return [(f"grad {n}", full[n], ref.grad.clone()) for n, ref in ref_module.named_parameters()]
+
+
+def _compare(module, ref_module, x_full, g, local_in=None, local_out=None):
+    """Forward both, weight the outputs by random ``R`` (every output element then matters
+    for the gradients), backward; the output, the input's gradient and every weight's."""
+    x_ref = x_full.clone().requires_grad_(True)
+    y_ref = ref_module(x_ref)
+    weights = torch.randn(y_ref.shape, generator=g)
+    (y_ref * weights).sum().backward()
+    x = (local_in(x_full) if local_in else x_full).clone().requires_grad_(True)
+    y = module(x)
+    (y * (local_out(weights) if local_out else weights)).sum().backward()
+    tp_lib.sync_sequence_parallel_grads(module)
+    exp_in = local_in(x_ref.grad) if local_in else x_ref.grad
+    exp_out = local_out(y_ref.detach()) if local_out else y_ref.detach()
+    return [("output", y.detach(), exp_out), ("input grad", x.grad, exp_in)] + _grads(
+        module, ref_module)
+
+
+def _column_gathered(cfg, g):
+    return _compare(tp_lib.ColumnParallelLinear(16, 24, gather_output=True, seed=3),
+                    tp_lib.seeded_linear(16, 24, seed=3), torch.randn(3, cfg.seq_len, 16,
+                                                                      generator=g), g)
+
+
+def _column_split(cfg, g):
     full = tp_lib.seeded_linear(16, 24, seed=3)
-    run_pair("column gathered", tp_lib.ColumnParallelLinear(16, 24, gather_output=True, seed=3),
-             full, x)
-    run_pair("column split", tp_lib.ColumnParallelLinear.from_linear(full), full, x,
-             local_out=last)
-    full = tp_lib.seeded_linear(24, 16, seed=4)
-    x24 = torch.randn(3, cfg.seq_len, 24, generator=g)
-    run_pair("row from full input", tp_lib.RowParallelLinear(24, 16, input_is_parallel=False,
-                                                             seed=4), full, x24)
-    run_pair("row split input", tp_lib.RowParallelLinear.from_linear(full), full, x24,
-             local_in=last)
-    gpt = models.GPT(cfg, seed=5)
-    h = torch.randn(3, cfg.seq_len, cfg.d_model, generator=g)
-    run_pair("mlp", tp_lib.ParallelMLP(gpt.blocks[0].mlp), gpt.blocks[0].mlp, h)
-    run_pair("attention", tp_lib.ParallelSelfAttention(gpt.blocks[0].attn), gpt.blocks[0].attn, h)
-    run_pair("block", tp_lib.ParallelBlock(gpt.blocks[1]), gpt.blocks[1], h)
-    run_pair("block, sequence parallel",
-             tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True),
-             gpt.blocks[1], h, local_in=seq, local_out=seq)
+    return _compare(tp_lib.ColumnParallelLinear.from_linear(full), full,
+                    torch.randn(3, cfg.seq_len, 16, generator=g), g, local_out=_my_columns)
 
-    # vocabulary-parallel embedding: integer input, so no input gradient
+
+def _row_from_full_input(cfg, g):
+    return _compare(tp_lib.RowParallelLinear(24, 16, input_is_parallel=False, seed=4),
+                    tp_lib.seeded_linear(24, 16, seed=4), torch.randn(3, cfg.seq_len, 24,
+                                                                      generator=g), g)
+
+
+def _row_split_input(cfg, g):
+    full = tp_lib.seeded_linear(24, 16, seed=4)
+    return _compare(tp_lib.RowParallelLinear.from_linear(full), full,
+                    torch.randn(3, cfg.seq_len, 24, generator=g), g, local_in=_my_columns)
+
+
+def _gpt_and_hidden(cfg, g):
+    return models.GPT(cfg, seed=5), torch.randn(3, cfg.seq_len, cfg.d_model, generator=g)
+
+
+def _mlp(cfg, g):
+    gpt, h = _gpt_and_hidden(cfg, g)
+    return _compare(tp_lib.ParallelMLP(gpt.blocks[0].mlp), gpt.blocks[0].mlp, h, g)
+
+
+def _attention(cfg, g):
+    gpt, h = _gpt_and_hidden(cfg, g)
+    return _compare(tp_lib.ParallelSelfAttention(gpt.blocks[0].attn), gpt.blocks[0].attn, h, g)
+
+
+def _block(cfg, g):
+    gpt, h = _gpt_and_hidden(cfg, g)
+    return _compare(tp_lib.ParallelBlock(gpt.blocks[1]), gpt.blocks[1], h, g)
+
+
+def _block_sequence_parallel(cfg, g):
+    gpt, h = _gpt_and_hidden(cfg, g)
+    return _compare(tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True), gpt.blocks[1],
+                    h, g, local_in=_my_positions, local_out=_my_positions)
+
+
+def _vocab_embedding(cfg, g):
+    """Integer input, so no input gradient."""
+    gpt = models.GPT(cfg, seed=5)
     idx = torch.randint(cfg.vocab_size, (3, cfg.seq_len), generator=g)
     emb = tp_lib.VocabParallelEmbedding(gpt.tok_emb)
     y, y_ref = emb(idx), gpt.tok_emb(idx)
     weights = torch.randn(y_ref.shape, generator=g)
     (y * weights).sum().backward()
     (y_ref * weights).sum().backward()
-    checks["vocab embedding"] = [("output", y.detach(), y_ref.detach())] + grads(emb, gpt.tok_emb)
+    return [("output", y.detach(), y_ref.detach())] + _grads(emb, gpt.tok_emb)
 
-    # vocabulary-parallel cross-entropy against F.cross_entropy
+
+def _vocab_cross_entropy(cfg, g):
+    """Against ``F.cross_entropy`` on the full logits."""
+    idx = torch.randint(cfg.vocab_size, (3, cfg.seq_len), generator=g)
     logits = torch.randn(3, cfg.seq_len, cfg.vocab_size, generator=g) * 3
     z_ref = logits.clone().requires_grad_(True)
     loss_ref = F.cross_entropy(z_ref.reshape(-1, cfg.vocab_size), idx.reshape(-1))
     loss_ref.backward()
-    z = last(logits).clone().requires_grad_(True)
+    z = _my_columns(logits).clone().requires_grad_(True)
     loss = tp_lib.vocab_parallel_cross_entropy(z, idx).mean()
     loss.backward()
-    checks["vocab cross-entropy"] = [("loss", loss.detach(), loss_ref.detach()),
-                                     ("logits grad", z.grad, last(z_ref.grad))]
+    return [("loss", loss.detach(), loss_ref.detach()),
+            ("logits grad", z.grad, _my_columns(z_ref.grad))]
 
-    # the whole model's loss; the rank holds only its vocabulary slice of the logits
-    model = tp_lib.TensorParallelGPT(gpt)
-    checks["gpt loss"] = [("loss", model(idx, idx).detach(), gpt(idx, idx).detach())]
-    return checks, tuple(model(idx).shape)
+
+def _gpt_loss(cfg, g):
+    """The whole model's loss; the rank holds only its vocabulary slice of the logits."""
+    gpt = models.GPT(cfg, seed=5)
+    idx = torch.randint(cfg.vocab_size, (3, cfg.seq_len), generator=g)
+    return [("loss", tp_lib.TensorParallelGPT(gpt)(idx, idx).detach(), gpt(idx, idx).detach())]
+
+
+CLAIMS = {"column gathered": _column_gathered, "column split": _column_split,
+          "row from full input": _row_from_full_input, "row split input": _row_split_input,
+          "mlp": _mlp, "attention": _attention, "block": _block,
+          "block, sequence parallel": _block_sequence_parallel,
+          "vocab embedding": _vocab_embedding, "vocab cross-entropy": _vocab_cross_entropy,
+          "gpt loss": _gpt_loss}
 
 
 def _comm_and_checks(cfg, batch):
-    checks, logits_shape = _layer_checks(cfg)
-    blocks = {sp: tp_lib.measure_block(cfg, batch, sequence_parallel=sp) for sp in (False, True)}
+    """On every rank: each claim's checks (or the exception it raised, as text), the shape of
+    the logits a rank holds, and each block's counted communication."""
+    checks = {}
+    for number, (layer, claim) in enumerate(CLAIMS.items()):
+        try:
+            checks[layer] = claim(cfg, torch.Generator().manual_seed(number))
+        except Exception as exc:              # that claim's test fails with it; the rest run
+            checks[layer] = f"{type(exc).__name__}: {exc}"
+    idx = torch.zeros(3, cfg.seq_len, dtype=torch.long)
+    logits_shape = tuple(tp_lib.TensorParallelGPT(models.GPT(cfg, seed=5))(idx).shape)
+    blocks = {sp: tpx.measure_block(cfg, batch, sequence_parallel=sp) for sp in (False, True)}
     return checks, logits_shape, blocks
 
 
@@ -108,15 +161,13 @@ def measured(request):
     return tp, lecture_lib.run(_comm_and_checks, tp, CFG, 2, timeout=120)
 
 
-LAYERS = ["column gathered", "column split", "row from full input", "row split input", "mlp",
-          "attention", "block", "block, sequence parallel", "vocab embedding",
-          "vocab cross-entropy", "gpt loss"]
-
-
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", CLAIMS)
 def test_layer_equals_one_device(measured, layer):
+    """One test per claim (and per tp): a claim that raised on a rank fails here with its
+    exception; the others are checked all the same."""
     tp, results = measured
     for rank, (checks, _, _) in enumerate(results):
+        assert not isinstance(checks[layer], str), f"tp={tp} rank {rank} {layer}: {checks[layer]}"
         assert checks[layer], layer
         for what, got, expected in checks[layer]:
             where = f"tp={tp} rank {rank} {layer} {what}"
@@ -154,7 +205,7 @@ def test_sequence_parallel_same_volume_less_activation_memory(measured):
 
 @pytest.fixture(scope="module")
 def reference():
-    return {opt: tp_lib.train_reference(CFG, STEPS, batch_size=4, optimizer=opt, lr=LR[opt])
+    return {opt: tpx.train_reference(CFG, STEPS, batch_size=4, optimizer=opt, lr=LR[opt])
             for opt in LR}
 
 
@@ -164,8 +215,8 @@ STEPS, LR = 4, {"sgd": 0.3, "adamw": 1e-2}
 @pytest.mark.parametrize("tp,sp", [(2, False), (4, False), (2, True), (4, True)])
 def test_gpt_trains_equal_to_one_process(reference, tp, sp):
     """SGD: loss curve and final parameters within rtol 1e-5 (measured: ~3e-8)."""
-    got = tp_lib.train_tensor_parallel(CFG, tp, STEPS, batch_size=4, sequence_parallel=sp,
-                                       optimizer="sgd", lr=LR["sgd"], timeout=120)
+    got = tpx.train_tensor_parallel(CFG, tp, STEPS, batch_size=4, sequence_parallel=sp,
+                                    optimizer="sgd", lr=LR["sgd"], timeout=120)
     models.assert_same_training(got, reference["sgd"], rtol=RTOL, atol=ATOL)
     assert got.losses[-1] < got.losses[0]
 
@@ -174,16 +225,16 @@ def test_gpt_trains_equal_to_one_process_with_adamw(reference):
     """AdamW divides each gradient by its running RMS, so an element whose gradient is
     ~0 moves by up to lr per step on rounding noise alone: losses within rtol 1e-5
     (measured ~1e-7), parameters within atol 2e-4 = lr / 50 (measured ~8e-5)."""
-    got = tp_lib.train_tensor_parallel(CFG, 4, STEPS, batch_size=4, sequence_parallel=True,
-                                       optimizer="adamw", lr=LR["adamw"], timeout=120)
+    got = tpx.train_tensor_parallel(CFG, 4, STEPS, batch_size=4, sequence_parallel=True,
+                                    optimizer="adamw", lr=LR["adamw"], timeout=120)
     models.assert_same_training(got, reference["adamw"], rtol=RTOL, atol=2e-4)
     with pytest.raises(AssertionError):       # the check can fail: a different seed differs
         models.assert_same_training(
-            tp_lib.train_reference(CFG, STEPS, batch_size=4, seed=1), got, rtol=RTOL, atol=2e-4)
+            tpx.train_reference(CFG, STEPS, batch_size=4, seed=1), got, rtol=RTOL, atol=2e-4)
 
 
 def test_dtensor_gives_the_same_outputs():
-    (res, *_) = lecture_lib.run(tp_lib.compare_with_dtensor, 2, 16, 64, 32, 2, timeout=120)
+    (res, *_) = lecture_lib.run(tpx.compare_with_dtensor, 2, 16, 64, 32, 2, timeout=120)
     for a, b in zip(res["ours"], res["dtensor"]):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
     assert res["ours_s"] > 0 and res["dtensor_s"] > 0
@@ -202,22 +253,22 @@ def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message
     monkeypatch.setattr(tp_lib.experiments, "run", no_launch)
     cfg = models.GPTConfig(**{**CFG.__dict__, **change})
     with pytest.raises(ValueError, match=message):
-        tp_lib.train_tensor_parallel(cfg, 4, 1)
+        tpx.train_tensor_parallel(cfg, 4, 1)
     with pytest.raises(ValueError, match="seq_len"):
-        tp_lib.train_tensor_parallel(models.GPTConfig(**{**CFG.__dict__, "seq_len": 6}), 4, 1,
-                                     sequence_parallel=True)
+        tpx.train_tensor_parallel(models.GPTConfig(**{**CFG.__dict__, "seq_len": 6}), 4, 1,
+                                  sequence_parallel=True)
     with pytest.raises(ValueError, match="tensor-parallel size"):
-        tp_lib.train_tensor_parallel(CFG, 0, 1)
+        tpx.train_tensor_parallel(CFG, 0, 1)
     with pytest.raises(ValueError, match=message):             # every tp checked first
-        tp_lib.measure_step_scaling(cfg, 4, (1, 4))
+        tpx.measure_step_scaling(cfg, 4, (1, 4))
 
 
 def test_measure_step_scaling_gives_rank_0s_step_per_tp():
-    out = tp_lib.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=1, timeout=120)
+    out = tpx.measure_step_scaling(CFG, 4, (2,), steps=1, warmup=1, timeout=120)
     assert list(out) == [2] and out[2]["step_s"] > 0 and 0 <= out[2]["comm_share"] <= 1
     assert out[2]["time"] == "real" and out[2]["sent_bytes"] > 0
-    links = tp_lib.measure_links(CFG, 4, (2,), {"nvlink": "h100-node", "ib": "h100-ib"},
-                                 steps=2, timeout=120)         # the same two steps as above
+    links = tpx.measure_links(CFG, 4, (2,), {"nvlink": "h100-node", "ib": "h100-ib"},
+                              steps=2, timeout=120)         # the same two steps as above
     nv, ib = links["nvlink"], links["ib"]
     assert nv[2]["time"] == "emulated H100 + NVLink" and ib[2]["time"].endswith("InfiniBand")
     assert ib[2]["comm_share"] > nv[2]["comm_share"] > 0    # virtual time: deterministic
@@ -227,16 +278,16 @@ def test_measure_step_scaling_gives_rank_0s_step_per_tp():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), preset="h200-node"), "unknown emulation"),
-    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), preset=3), "a name or an emulate"),
-    (lambda: tp_lib.measure_step_scaling(CFG, 0, (2,), preset="h100-ib"), "batch_size"),
-    (lambda: tp_lib.measure_step_scaling(CFG, 4, ()), "at least one"),
-    (lambda: tp_lib.measure_step_scaling(CFG, 4, (2,), steps=0, preset="h100-ib"), "steps"),
-    (lambda: tp_lib.measure_links(CFG, 4, (2,), {"nv": "h100-node", "x": "nope"}),
+    (lambda: tpx.measure_step_scaling(CFG, 4, (2,), preset="h200-node"), "unknown emulation"),
+    (lambda: tpx.measure_step_scaling(CFG, 4, (2,), preset=3), "a name or an emulate"),
+    (lambda: tpx.measure_step_scaling(CFG, 0, (2,), preset="h100-ib"), "batch_size"),
+    (lambda: tpx.measure_step_scaling(CFG, 4, ()), "at least one"),
+    (lambda: tpx.measure_step_scaling(CFG, 4, (2,), steps=0, preset="h100-ib"), "steps"),
+    (lambda: tpx.measure_links(CFG, 4, (2,), {"nv": "h100-node", "x": "nope"}),
      "unknown emulation"),
-    (lambda: tp_lib.measure_links(CFG, 4, (2, 3), {"nv": "h100-node"}), "divisible"),
-    (lambda: tp_lib.measure_links(CFG, 4, (2,), {}), "non-empty"),
-    (lambda: tp_lib.measure_links(CFG, 4, (2,), {"h": "h100-node", "a": "a100-ib"}),
+    (lambda: tpx.measure_links(CFG, 4, (2, 3), {"nv": "h100-node"}), "divisible"),
+    (lambda: tpx.measure_links(CFG, 4, (2,), {}), "non-empty"),
+    (lambda: tpx.measure_links(CFG, 4, (2,), {"h": "h100-node", "a": "a100-ib"}),
      "one device"),
 ])
 def test_emulated_scaling_rejects_bad_input_before_any_process_starts(monkeypatch, call,
@@ -302,8 +353,8 @@ def test_cost_model_of_a_layer():
 
 def _train_on_tp_axis(cfg, steps):
     grid = RankGrid(dp=2, tp=2)              # ranks {0, 1} and {2, 3} each hold one model
-    return tp_lib.train_on_rank(cfg, steps, batch_size=4, optimizer="sgd", lr=LR["sgd"],
-                                sequence_parallel=True, group=grid.group("tp"))
+    return tpx.train_on_rank(cfg, steps, batch_size=4, optimizer="sgd", lr=LR["sgd"],
+                             sequence_parallel=True, group=grid.group("tp"))
 
 
 def test_layers_run_on_the_tp_axis_of_a_rank_grid(reference):

@@ -19,6 +19,8 @@ import lecture_lib
 from lecture_lib import emulate, zero
 from lecture_lib.costmodel import collective_time, model_state_breakdown
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
+from lecture_lib.zero import experiments as zerox
+from lecture_lib.zero import fsdp_experiments as fsdpx
 
 CFG = GPTConfig(n_layers=2)
 DATA = MarkovText()
@@ -35,7 +37,7 @@ def _reference(dtype):
 
 def _all_stages(dtypes):
     """One call on the ranks: every stage, every dtype."""
-    return {(stage, str(dtype)): zero.train_sharded(GPT(CFG).to(dtype), stage, batches, STEPS)
+    return {(stage, str(dtype)): zerox.train_sharded(GPT(CFG).to(dtype), stage, batches, STEPS)
             for dtype in dtypes for stage in (1, 2, 3)}
 
 
@@ -140,7 +142,7 @@ def test_zero3_gathers_one_block_at_a_time():
 
 
 def test_side_by_side_with_fsdp2():
-    out = lecture_lib.run(zero.fsdp2_side_by_side, 2, lambda: GPT(CFG).double(), batches,
+    out = lecture_lib.run(zerox.fsdp2_side_by_side, 2, lambda: GPT(CFG).double(), batches,
                           STEPS, timeout=180)
     ref = _reference(torch.float64)
     for r in out:
@@ -156,9 +158,9 @@ def test_side_by_side_with_fsdp2():
 def test_unknown_stage_is_refused_before_any_process():
     for stage in (4, -1, "1", 1.5, True):
         with pytest.raises(ValueError, match="unknown ZeRO stage"):
-            zero.shard_model(GPT(CFG), stage)
+            zerox.shard_model(GPT(CFG), stage)
     with pytest.raises(ValueError, match="stage 0 is plain data parallelism"):
-        zero.shard_model(GPT(CFG), 0)
+        zerox.shard_model(GPT(CFG), 0)
 
 
 def test_bad_optimizer_arguments_are_refused():
@@ -178,10 +180,10 @@ def _two_replicas():
     """4 ranks as 2 data-parallel groups of 2 ({0, 1}, {2, 3}): each group trains one replica."""
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     group = groups[dist.get_rank() // 2]
-    out = {s: zero.train_sharded(GPT(CFG).double(), s, batches, STEPS, group=group)
+    out = {s: zerox.train_sharded(GPT(CFG).double(), s, batches, STEPS, group=group)
            for s in (1, 2, 3)}
-    out["fsdp2"] = zero.fsdp2_side_by_side(lambda: GPT(CFG).double(), batches, STEPS,
-                                           group=group)["fsdp2"]
+    out["fsdp2"] = zerox.fsdp2_side_by_side(lambda: GPT(CFG).double(), batches, STEPS,
+                                            group=group)["fsdp2"]
     return out
 
 
@@ -198,7 +200,7 @@ def test_every_stage_shards_over_a_subgroup():
 # this one fails a rank, which ends the warm 4-rank pool: keep it last
 def _too_few_elements():
     """2 elements on 4 ranks: even ranks try ZeRO-1, odd ranks ZeRO-3; each must refuse."""
-    zero.shard_model(torch.nn.Linear(1, 1), 1 if dist.get_rank() % 2 == 0 else 3, lr=0.1)
+    zerox.shard_model(torch.nn.Linear(1, 1), 1 if dist.get_rank() % 2 == 0 else 3, lr=0.1)
 
 
 def test_more_ranks_than_elements_is_a_clear_error():
@@ -213,7 +215,7 @@ ROOFLINE = emulate.preset("h100-node", charges="roofline")
 
 
 def _emulated_steps():
-    return zero.measure_step_time_emulated(lambda: GPT(CFG), batches, steps=1, preset=ROOFLINE)
+    return fsdpx.measure_step_time_emulated(lambda: GPT(CFG), batches, steps=1, preset=ROOFLINE)
 
 
 def test_emulated_step_times_follow_the_alpha_beta_model():
@@ -241,4 +243,4 @@ def test_emulated_step_times_follow_the_alpha_beta_model():
 
 def test_unknown_emulated_step_case_is_refused_before_any_process():
     with pytest.raises(ValueError, match="unknown cases"):
-        zero.measure_step_time_emulated(lambda: GPT(CFG), batches, cases=["zero4"])
+        fsdpx.measure_step_time_emulated(lambda: GPT(CFG), batches, cases=["zero4"])

@@ -5,8 +5,10 @@
 * :mod:`.ring`: ring attention (Liu et al. 2023), forward and backward;
 * :mod:`.ulysses`: DeepSpeed-Ulysses' all-to-all to heads and back (Jacobs et al. 2023);
 * :mod:`.model`: a GPT whose attention runs context-parallel;
-* :mod:`.figures`: the ring's K/V blocks, step by step;
 * :mod:`.experiments`: training, load balance, bytes per layer, activation memory.
+
+The ring's K/V blocks, step by step, are drawn in
+:mod:`lecture_lib.figures.pictures.ring_steps`.
 """
 from .attention import (
     attention_reference,

@@ -23,11 +23,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from .. import emulate, launch
+from .. import emulate
 from ..comm import record_comm, resolve
 from ..metrics import saved_tensor_bytes
 from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
 from ..progress import progress
+from ..runtime import launch
 from . import ring
 from .attention import attention_reference
 from .layout import check_layout, shard_sequence, unshard_sequence

@@ -50,7 +50,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..comm import all_reduce_flat, collective, group_info
-from ..launch import device
+from ..runtime import device
 
 VARIANTS = ("naive", "flat", "individual", "bucketed", "torch")
 

@@ -24,11 +24,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..comm import group_info
 from ..emulate import Clock, emulated
 from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
 from ..progress import progress
+from ..runtime import launch
 from .ddp import check_bucket_size, wrap
 
 # the course's own wrappers (:func:`~lecture_lib.data_parallel.ddp.wrap`) whose step the

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..launch import device
 from ..metrics import Timer, wall_time
 from ..models import TrainResult, make_optimizer, shard
+from ..runtime import device
 from .ddp import VARIANTS, check_bucket_size, wrap
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..costmodel import bus_factor
 from ..metrics import wall_time
+from ..runtime import launch
 
 
 @dataclass

@@ -12,31 +12,31 @@ import math
 import torch
 import torch.distributed as dist
 
-from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, make_optimizer
 from ..progress import progress
+from ..runtime import launch
 
 
 def train_gpt(cfg=None, *, steps: int = 40, lr: float = 0.1, batch_size: int = 8,
               optimizer: str = "sgd", clip: float | None = None, warmup: int = 0,
-              seed: int = 0, data_seed: int = 0, micro_batches: int = 1) -> dict:
+              seed: int = 0, data_seed: int = 0, microbatches: int = 1) -> dict:
     """Train the small GPT in this process on :class:`MarkovText`; losses and gradient norms.
 
     ``clip``: clip the global gradient norm to this value
     (``torch.nn.utils.clip_grad_norm_``). ``warmup``: raise the learning rate
     linearly from ``lr / warmup`` to ``lr`` over the first ``warmup`` steps.
-    ``micro_batches``: accumulate the same batch in this many pieces (the same
+    ``microbatches``: accumulate the same batch in this many pieces (the same
     mathematics, another order of floating-point additions). A loss that
     becomes inf or nan ends the run early (the rest are reported as nan).
     """
     cfg = cfg or GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)
     for name, v in (("steps", steps), ("batch_size", batch_size),
-                    ("micro_batches", micro_batches)):
+                    ("microbatches", microbatches)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
-    if batch_size % micro_batches:
+    if batch_size % microbatches:
         raise ValueError(f"batch_size={batch_size} is not divisible by "
-                         f"micro_batches={micro_batches}")
+                         f"microbatches={microbatches}")
     if not lr > 0 or warmup < 0 or (clip is not None and not clip > 0):
         raise ValueError(f"need lr > 0, warmup >= 0 and clip > 0 or None "
                          f"(got lr={lr}, warmup={warmup}, clip={clip})")
@@ -50,8 +50,8 @@ def train_gpt(cfg=None, *, steps: int = 40, lr: float = 0.1, batch_size: int = 8
         x, y = data.batch(step, batch_size)
         opt.zero_grad(set_to_none=True)
         loss = 0.0
-        for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-            part = model(xs, ys) / micro_batches
+        for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches)):
+            part = model(xs, ys) / microbatches
             part.backward()
             loss += part.item()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(),

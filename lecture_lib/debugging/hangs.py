@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..launch import RankTimeout
+from ..runtime import RankTimeout
 
 
 def skipped_collective(skip_rank: int = 1, numel: int = 4) -> str:

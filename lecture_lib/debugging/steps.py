@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from .. import launch
 from ..models import GPT, GPTConfig, MarkovText, make_optimizer, shard, train_reference
+from ..runtime import launch
 from .consistency import Inconsistency, check_gradient_consistency
 
 DEFAULT_CFG = GPTConfig(d_model=32, n_layers=2, seq_len=16, n_heads=2)

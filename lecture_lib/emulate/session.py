@@ -10,11 +10,15 @@
 Inside the block every ATen operation is charged by :mod:`.compute`, every
 ``torch.distributed`` collective and message by :mod:`.comm` and :mod:`.p2p`;
 on exit the wrapped functions are restored (the launcher's warm workers are
-reused by the next call). Results are bit-identical to the run without the
-block: nothing is changed, only timed. Turn it on once per rank and around
-the whole program that communicates (all ranks of a group must be emulated,
-and must wait for their asynchronous collectives at the same places: see
-:mod:`.comm`).
+reused by the next call). A module that holds its own reference (``from
+torch.distributed import all_reduce``) is patched too when it is code of the
+course or of the user, whatever its name (a student's file, a submission under
+grading, a script): every module that is neither the standard library nor an
+installed package (:func:`user_code`). Results are bit-identical to the run
+without the block: nothing is changed, only timed. Turn it on once per rank
+and around the whole program that communicates (all ranks of a group must be
+emulated, and must wait for their asynchronous collectives at the same places:
+see :mod:`.comm`).
 
 The dry run: models of real size without computing them
 -------------------------------------------------------
@@ -43,7 +47,9 @@ collectives, which these wrappers do not see: compare them in real time only.
 """
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -59,7 +65,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_map_only
 
-from .. import launch
+from ..runtime import launch
 from . import p2p
 from .clock import _ACTIVE, Clock, current
 from .comm import COLLECTIVES, ORIGINAL, State, _collective
@@ -170,18 +176,29 @@ def wrap(state: State, name: str, body):
     return wrapper
 
 
-_HOMES = ("lecture_lib", "solutions", "exercises", "examples", "__main__")
-_INSIDE = tuple(f"{home}." for home in _HOMES)
+_STDLIB = tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")})
+_INSTALLED = tuple(f"{os.sep}{folder}{os.sep}" for folder in ("site-packages", "dist-packages"))
+
+
+def user_code(name: str, module) -> bool:
+    """Whether module ``name`` is the course's or the user's own code: ``lecture_lib``, the
+    script or notebook (``__main__``), and every module loaded from a file that is neither in
+    the standard library nor in an installed package (torch and the rest of site-packages)."""
+    if name == "__main__" or name == "lecture_lib" or name.startswith("lecture_lib."):
+        return True
+    path = getattr(module, "__dict__", {}).get("__file__")    # no module __getattr__ called
+    return (isinstance(path, str) and os.path.isabs(path) and not path.startswith(_STDLIB)
+            and not any(folder in path for folder in _INSTALLED))
 
 
 def _homes() -> list:
     """Modules that may hold their own reference to a torch.distributed function."""
-    return [m for name, m in list(sys.modules.items())
-            if m is not None and (name in _HOMES or name.startswith(_INSIDE))]
+    return [m for name, m in list(sys.modules.items()) if m is not None and user_code(name, m)]
 
 
 def install(wrappers: dict) -> list:
-    """Replace the functions in torch.distributed and in the course's modules; return undo."""
+    """Replace the functions in torch.distributed and in the course's and the user's modules
+    (:func:`user_code`); return undo."""
     undo = []
     by_id = {id(f): name for name, f in ORIGINAL.items()}
     for module in [dist, c10d] + _homes():

@@ -11,22 +11,15 @@ Read in this order:
 * :mod:`.router`: top-k routing, capacity in one global order, the load-balancing loss;
 * :mod:`.dispatch`: the count exchange, the dispatch plan, the differentiable all-to-all;
 * :mod:`.layer`: :class:`MoELayer` (route, plan, dispatch, experts, combine) and :class:`MoEGPT`;
-* :mod:`.experiments`: training equal to one process, drop rates, timed phases (notebook 07).
+* :mod:`.experiments`: training equal to one process, drop rates, timed phases (notebook 07);
+  imported by its module (``from lecture_lib.expert_parallel import experiments as epx``),
+  the package exports only the algorithm above.
 
 ``group=LOCAL`` (the same value as :data:`lecture_lib.comm.LOCAL`) keeps every
 expert in this process: the one-process reference.
 """
 from ..comm import LOCAL
 from .dispatch import AllToAll, DispatchPlan, all_to_all, exchange_counts, plan_dispatch
-from .experiments import (
-    MoETrainResult,
-    benchmark_layer,
-    benchmark_layer_sweep,
-    load_imbalance,
-    measure_drop_rates,
-    train_expert_parallel,
-    train_moe,
-)
 from .layer import MoEGPT, MoELayer, sum_replicated_grads
 from .router import (
     Admission,
@@ -41,9 +34,6 @@ from .router import (
 
 __all__ = [
     "LOCAL", "Admission", "AllToAll", "DispatchPlan", "MoEConfig", "MoEGPT", "MoELayer",
-    "MoETrainResult", "Routing", "admit", "all_to_all", "benchmark_layer",
-    "benchmark_layer_sweep", "check_moe",
-    "exchange_counts", "expert_capacity", "load_balancing_loss", "load_imbalance",
-    "measure_drop_rates", "plan_dispatch", "sum_replicated_grads", "top_k_route",
-    "train_expert_parallel", "train_moe",
+    "Routing", "admit", "all_to_all", "check_moe", "exchange_counts", "expert_capacity",
+    "load_balancing_loss", "plan_dispatch", "sum_replicated_grads", "top_k_route",
 ]

@@ -17,10 +17,10 @@ import torch
 
 from .. import comm
 from ..comm import LOCAL
-from ..launch import device, run
 from ..metrics import Timer
 from ..models import GPTConfig, MarkovText, TrainResult, make_optimizer, shard
 from ..progress import progress
+from ..runtime import device, run
 from .layer import MoEGPT, MoELayer, sum_replicated_grads
 from .router import MoEConfig, check_moe
 

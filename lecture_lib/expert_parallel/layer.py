@@ -29,8 +29,8 @@ import torch.nn as nn
 
 from .. import comm
 from ..comm import LOCAL
-from ..launch import device
 from ..models import GPT, MLP, GPTConfig, init_weights, lm_loss
+from ..runtime import device
 from .dispatch import DispatchPlan, all_to_all, exchange_counts, plan_dispatch
 from .router import (
     Admission,

@@ -16,7 +16,9 @@ Read in this order:
 * :mod:`.layers`: column- and row-parallel linear layers, MLP, attention, embedding;
 * :mod:`.loss`: the vocabulary-parallel cross-entropy;
 * :mod:`.model`: the block, the whole GPT, the sequence-parallel gradient sum;
-* :mod:`.experiments`: training equal to one process, and notebook 04's measurements.
+* :mod:`.experiments`: training equal to one process, and notebook 04's measurements;
+  imported by its module (``from lecture_lib.tensor_parallel import experiments as tpx``),
+  the package exports only the algorithm above.
 
 Bytes per block are counted through :func:`count_comm` (the shared recorder
 of :mod:`lecture_lib.comm`) and compared with
@@ -38,17 +40,6 @@ from .comm import (
     reduce_from_tensor_parallel,
     reduce_scatter_to_sequence_parallel,
     split_to_tensor_parallel,
-)
-from .experiments import (
-    compare_with_dtensor,
-    measure_block,
-    measure_links,
-    measure_step,
-    measure_step_emulated,
-    measure_step_scaling,
-    train_on_rank,
-    train_reference,
-    train_tensor_parallel,
 )
 from .layers import (
     ColumnParallelLinear,
@@ -74,10 +65,7 @@ __all__ = [
     "ReduceScatterToSequenceParallelRegion", "RowParallelLinear",
     "ScatterToTensorParallelRegion", "TensorParallelGPT", "VocabParallelCrossEntropy",
     "VocabParallelEmbedding", "all_gather_from_sequence_parallel", "check_tensor_parallel",
-    "compare_with_dtensor", "copy_to_tensor_parallel", "count_comm",
-    "gather_from_tensor_parallel", "gather_full", "measure_block", "measure_links",
-    "measure_step", "measure_step_emulated", "measure_step_scaling",
+    "copy_to_tensor_parallel", "count_comm", "gather_from_tensor_parallel", "gather_full",
     "reduce_from_tensor_parallel", "reduce_scatter_to_sequence_parallel", "seeded_linear",
-    "split_to_tensor_parallel", "sync_sequence_parallel_grads", "train_on_rank",
-    "train_reference", "train_tensor_parallel", "vocab_parallel_cross_entropy",
+    "split_to_tensor_parallel", "sync_sequence_parallel_grads", "vocab_parallel_cross_entropy",
 ]

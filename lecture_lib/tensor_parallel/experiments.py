@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, emulate, models
-from ..launch import device as rank_device
-from ..launch import run
 from ..metrics import saved_tensor_bytes, wall_time
 from ..progress import progress
+from ..runtime import device as rank_device
+from ..runtime import run
 from .comm import count_comm
 from .layers import ParallelMLP
 from .model import (

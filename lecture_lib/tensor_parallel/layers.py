@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm, models
-from ..launch import device as rank_device
+from ..runtime import device as rank_device
 from .comm import (
     all_gather_from_sequence_parallel,
     copy_to_tensor_parallel,

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm, models
-from ..launch import device as rank_device
+from ..runtime import device as rank_device
 from .comm import all_gather
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, VocabParallelEmbedding
 from .loss import vocab_parallel_cross_entropy

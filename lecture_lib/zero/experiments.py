@@ -16,10 +16,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..comm import group_info
 from ..costmodel.memory import check_zero_stage
-from ..launch import device
 from ..metrics import state_bytes, tensor_bytes, wall_time
 from ..models import TrainResult, make_optimizer, shard
 from ..precision import LossScaler
+from ..runtime import device
 from .fsdp import FullyShardedModel
 from .fsdp_api import fsdp_gather_full_params, fsdp_on_after_backward
 from .sharded_optimizer import ShardedOptimizer

@@ -30,10 +30,10 @@ import torch
 
 from .. import data_parallel, emulate
 from ..comm import group_info, record_comm
-from ..launch import device
 from ..metrics import Timer
 from ..models import make_optimizer, shard
 from ..precision import LossScaler
+from ..runtime import device
 from .experiments import shard_model
 from .fsdp import FullyShardedModel
 from .fsdp_api import fsdp_on_after_backward
@@ -163,7 +163,7 @@ def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=
     """Rank function: train ``steps`` and keep the last step's spans on ``timer``'s clock.
 
     Returns ``spans`` (:func:`event_spans`), ``events`` (the last step's, without
-    times, for :func:`lecture_lib.zero.picture.shard_states`), ``step_seconds``
+    times, for :func:`lecture_lib.figures.pictures.zero_shards.shard_states`), ``step_seconds``
     (each step, on the timer), ``step_start`` (the last step's start on the timer),
     ``blocked`` and ``overlapped`` seconds of the last step, and ``losses``.
     """
