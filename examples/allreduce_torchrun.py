@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib.launch import torchrun_main
+from lecture_lib.runtime import torchrun_main
 
 
 def sum_of_ranks_plus_one() -> float:

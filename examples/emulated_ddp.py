@@ -24,9 +24,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-from lecture_lib import emulate, plots  # noqa: E402
+from lecture_lib import emulate  # noqa: E402
 from lecture_lib.costmodel.ddp import best_bucket_bytes  # noqa: E402
 from lecture_lib.data_parallel.emulated import measure_ddp  # noqa: E402
+from lecture_lib.figures import plots  # noqa: E402
 from lecture_lib.models import GPTConfig  # noqa: E402
 
 US = 1e6

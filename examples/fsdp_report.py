@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 import lecture_lib
-from lecture_lib import zero
 from lecture_lib.models import GPT, GPTConfig, MarkovText, train_reference
+from lecture_lib.zero import experiments as zerox
+from lecture_lib.zero import fsdp_experiments as fsdpx
 
 CFG = GPTConfig(n_layers=2)
 DATA = MarkovText()
@@ -26,9 +27,9 @@ def batches(step):
 
 
 def _all(steps):
-    return {"volume": zero.measure_comm_volume(make_gpt, batches),
-            "memory": zero.measure_fsdp_memory(make_gpt, batches),
-            "side": {str(d): zero.fsdp2_side_by_side(make_gpt, batches, steps, compute_dtype=d)
+    return {"volume": fsdpx.measure_comm_volume(make_gpt, batches),
+            "memory": fsdpx.measure_fsdp_memory(make_gpt, batches),
+            "side": {str(d): zerox.fsdp2_side_by_side(make_gpt, batches, steps, compute_dtype=d)
                      for d in (None, torch.bfloat16)}}
 
 
@@ -40,7 +41,7 @@ def main():
     out = lecture_lib.run(_all, args.world, args.steps, timeout=600)
     vol = out[0]["volume"]
     print(f"world {args.world}, Psi = {vol['Psi']} bytes (fp32 parameters)")
-    for case in zero.fsdp_experiments.VOLUME_CASES:
+    for case in fsdpx.VOLUME_CASES:
         print(f"  {case:10s} sent {vol[case]['sent']:10.0f} B = {vol[case]['psi']:.4f} Psi")
     for reshard, m in out[0]["memory"].items():
         print(f"  reshard_after_forward={reshard}: peak gathered {m['peak_gathered_bytes']} B, "

@@ -18,13 +18,17 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import launch, models, pipeline, profiling
-from lecture_lib import tensor_parallel as tp
-from lecture_lib.collectives import bandwidth_sweep, ring_all_reduce
+from lecture_lib import models, pipeline, profiling
+from lecture_lib.bandwidth import bandwidth_sweep
+from lecture_lib.collectives import ring_all_reduce
 from lecture_lib.context_parallel.experiments import compare_attention
+from lecture_lib.dims import ParallelDims
 from lecture_lib.expert_parallel import MoELayer
-from lecture_lib.hybrid import HybridConfig, merge_ranks, train_on_rank
-from lecture_lib.zero import train_fsdp, train_sharded
+from lecture_lib.hybrid import merge_ranks, train_on_rank
+from lecture_lib.pipeline import experiments as ppx
+from lecture_lib.runtime import launch
+from lecture_lib.tensor_parallel import experiments as tpx
+from lecture_lib.zero.experiments import train_fsdp, train_sharded
 
 CFG = models.GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=4)
 
@@ -58,7 +62,7 @@ def check_collectives(world, backend):
 
 
 def check_hybrid(world, backend):
-    par = HybridConfig(dp=world, microbatches=2, zero1=world > 1)
+    par = ParallelDims(dp=world, microbatches=2, zero_stage=int(world > 1))
     out = launch.run(train_on_rank, world, CFG, par, 8, 3, 0.1, 0, 0, "sgd", backend=backend,
                      timeout=300)
     models.assert_same_training(merge_ranks(out, par), _reference(3, 8), rtol=1e-4, atol=1e-5)
@@ -66,7 +70,7 @@ def check_hybrid(world, backend):
 
 
 def check_tensor_parallel(world, backend):
-    out = launch.run(tp.train_on_rank, world, CFG, 3, 8, 0, 0, 0.1, "sgd", backend=backend,
+    out = launch.run(tpx.train_on_rank, world, CFG, 3, 8, 0, 0, 0.1, "sgd", backend=backend,
                      timeout=300)
     models.assert_same_training(out[0], _reference(3, 8), rtol=1e-4, atol=1e-5)
     return "equal to one process"
@@ -74,7 +78,7 @@ def check_tensor_parallel(world, backend):
 
 def check_pipeline(world, backend):
     sched = pipeline.make_schedule("1f1b", world, 4)
-    out = launch.run(pipeline.train_stage, world, sched, CFG, 8, 2, backend=backend,
+    out = launch.run(ppx.train_stage, world, sched, CFG, 8, 2, backend=backend,
                      timeout=300)
     loss = [r["losses"] for r in out if r["losses"]][0]
     return f"losses {loss}"

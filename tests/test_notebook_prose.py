@@ -90,7 +90,8 @@ ALLOWED = [
      "configuration: the timeout=3 the cell passes"),
     ("09_profiling_and_debugging.ipynb",
      "computes for 120 ms; its gradient all-reduce takes 60 ms, 40 ms",
-     "configuration: the given times of self-study Q1 (lecture_lib.study.nb09 answers it)"),
+     "configuration: the given times of self-study Q1 "
+     "(lecture_lib.study.profiling_and_debugging answers it)"),
 ]
 
 
