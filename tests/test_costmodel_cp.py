@@ -63,6 +63,15 @@ def test_planner_needs_cp_for_70b_at_128k_tokens():
         plan_context_parallel(shape, cm.H100_CLUSTER, 128, cps=(1,))
 
 
+def test_a_context_parallel_plan_is_labelled_with_its_cp():
+    shape = replace(cm.PRESETS["Llama-style 70B"], seq_len=131072)
+    best = plan_context_parallel(shape, cm.H100_CLUSTER, 128)[0]
+    assert best.plan.parallelism.dims.cp == 1            # the plan inside models one cp rank
+    assert f"cp{best.cp} " in best.label() and "cp1 " not in best.label()
+    d = best.plan.parallelism.dims
+    assert d.dp * d.tp * d.pp * best.cp == cm.H100_CLUSTER.devices
+
+
 def test_a_send_moves_its_whole_buffer():
     assert cm.bus_factor("send", 4) == 1.0
     assert cm.bus_factor("all_to_all", 4) == 0.75

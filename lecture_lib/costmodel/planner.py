@@ -144,6 +144,11 @@ class ContextParallelPlan:
     def seconds(self) -> float:
         return self.plan.seconds + self.cp_comm
 
+    def label(self) -> str:
+        """The whole layout, cp included (``plan`` models one rank of a cp group, cp = 1)."""
+        par = self.plan.parallelism
+        return f"{replace(par.dims, cp=self.cp).label()} rc:{par.recompute} inner:{par.inner}"
+
 
 def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batch: int,
                           cps=CONTEXT_PARALLEL, top: int | None = None) -> list:
