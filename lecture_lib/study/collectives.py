@@ -40,5 +40,20 @@ def q4_algbw_busbw() -> list[str]:
     return [fmt(algbw / 1e6, "MB/s"), fmt(algbw * bus_factor("all_reduce", p) / 1e6, "MB/s")]
 
 
+def naive_all_reduce_time(nbytes: float, p: int, link: Link) -> float:
+    """The naive all-reduce in the alpha-beta model: two rounds (every rank sends to the root,
+    the root sends the sum back), the root's one link carrying ``2 (p - 1)`` whole buffers."""
+    return 2 * link.alpha + 2 * (p - 1) * nbytes / link.beta
+
+
+def q5_naive_vs_ring() -> list[str]:
+    """Naive against ring all-reduce of 1e9 fp32 gradients on 8 GPUs over NVLink (H100
+    preset), where every GPU has its own link: both times and their ratio."""
+    p, link = 8, NVLINK_H100
+    naive = naive_all_reduce_time(GRADIENT_BYTES, p, link)
+    ring = collective_time("all_reduce", GRADIENT_BYTES, p, link)
+    return [fmt(naive * 1e3, "ms"), fmt(ring * 1e3, "ms"), f"{naive / ring:.0f} times"]
+
+
 ANSWERS = {"Q1": q1_ring_time, "Q2": q2_bytes_per_rank, "Q3": q3_latency_ratio,
-           "Q4": q4_algbw_busbw}
+           "Q4": q4_algbw_busbw, "Q5": q5_naive_vs_ring}

@@ -28,4 +28,15 @@ def q4_global_batch() -> list[str]:
     return [f"{sequences} sequences", f"{sequences * seq:,} tokens"]
 
 
-ANSWERS = {"Q1": q1_seven_billion, "Q3": q3_gpt3_layout, "Q4": q4_global_batch}
+def q5_bf16_state() -> list[str]:
+    """The 7B model's state in plain fp32 (4 + 4 + 4 + 4 bytes) and all in bf16, no master copy
+    (2 + 2 + 2 + 2 bytes); how many 80 GB devices the bf16 state needs."""
+    fp32 = model_state_bytes(SEVEN_B, optimizer_bytes_per_param=8, param_bytes=4, grad_bytes=4)
+    bf16 = model_state_bytes(SEVEN_B, optimizer_bytes_per_param=4, param_bytes=2, grad_bytes=2)
+    assert fp32 == model_state_bytes(SEVEN_B), "fp32 and mixed precision: 16 bytes either way"
+    devices = -(-bf16 // (80 * GB))
+    return [fmt(fp32 / 1e9, "GB"), fmt(bf16 / 1e9, "GB"), f"{devices:.0f} device"]
+
+
+ANSWERS = {"Q1": q1_seven_billion, "Q3": q3_gpt3_layout, "Q4": q4_global_batch,
+           "Q5": q5_bf16_state}
