@@ -7,16 +7,22 @@
   bucket's all-reduce costs the ring's ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink
   (``costmodel.collective_time``, ``costmodel.NVLINK_H100``).
 * Q2: the two terms of the ring all-reduce at p = 2, 4, 8.
+* Q5 (what if): NCCL's choice for one bucket on 8 and on 2 GPUs of the emulated H100
+  node (``lecture_lib.emulate.nccl``: the Simple ring pays a latency per step,
+  ``2 (p-1)`` steps; NVLS one fixed latency; both move the same bus bytes).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..costmodel import H100_BF16_FLOPS, NVLINK_H100, collective_time
+from ..emulate import FABRICS, nccl
 from . import fmt
 
 PARAMS, GRAD_BYTES, BUCKET_BYTES, GPUS, EFFICIENCY = 1e9, 2, 25e6, 8, 0.5
 RING_BYTES, RING_SIZES = 100e6, (2, 4, 8)
+NCCL_BUCKET, NCCL_SIZES = 25e6, (8, 2)
 
 
 def hiding_threshold() -> dict:
@@ -48,4 +54,29 @@ def q2() -> list[str]:
     return out
 
 
-ANSWERS = {"Q1": q1, "Q2": q2}
+def ring_and_nvls(nbytes: float, p: int, fabric=FABRICS["nvlink4"]) -> dict:
+    """Emulated seconds of one all-reduce of ``nbytes`` on ``p`` GPUs of one node: NCCL's
+    choice, the best ring (LL or Simple: the same fabric without NVLS) and NVLS."""
+    ring = nccl.nccl_choice("all_reduce", nbytes, p, replace(fabric, nvls_busbw=0.0,
+                                                              nvls_latency=0.0))
+    nvls = fabric.nvls_latency + nccl.bus_bytes("all_reduce", nbytes, p) / fabric.nvls_busbw
+    return {"choice": nccl.nccl_choice("all_reduce", nbytes, p, fabric), "ring": ring,
+            "nvls": nvls}
+
+
+def q5() -> list[str]:
+    fabric = FABRICS["nvlink4"]
+    ring_latency = {p: nccl.SIMPLE_BASE + nccl.steps("all_reduce", p) * fabric.step_latency
+                    for p in NCCL_SIZES}
+    # NVLS's one latency: longer than the Simple ring's whole latency on 2 GPUs, shorter on 8
+    assert ring_latency[2] < fabric.nvls_latency < ring_latency[8]
+    out = []
+    for p in NCCL_SIZES:
+        r = ring_and_nvls(NCCL_BUCKET, p)
+        assert r["ring"][0] == "ring/Simple"
+        out += [f"{r['choice'][0]} at p = {p}", fmt(r["nvls"] * 1e6, "us"),
+                fmt(r["ring"][1] * 1e6, "us")]
+    return out
+
+
+ANSWERS = {"Q1": q1, "Q2": q2, "Q5": q5}
