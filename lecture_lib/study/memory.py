@@ -25,6 +25,7 @@ from . import fmt
 
 MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
 MODEL, DP, TP, PP, STAGE = "Llama-style 70B", 4, 8, 2, 1
+GPT3_LAYOUT = {"dp": 16, "tp": 8, "pp": 8, "zero_stage": 1}    # the calculator's (notebook 03)
 
 
 def q2() -> list[str]:
@@ -49,7 +50,23 @@ def q3() -> list[str]:
     m = r["memory"]
     return [fmt(r["local_params"] / 1e9, "billion parameters"), fmt(m["params"] / 1e9, "GB"),
             fmt(m["optimizer"] / 1e9, "GB"), fmt(m["activations"] / 1e9, "GB"),
-            fmt(m["total"] / 1e9, "GB"), fmt(r["sent"] / 1e9, "GB"), fmt(r["seconds"], "s")]
+            fmt(m["total"] / 1e9, "GB"), fmt(r["sent"] / 1e9, "GB"),
+            fmt(INFINIBAND_NDR.beta / 1e9, "GB/s"), fmt(r["seconds"], "s")]
 
 
-ANSWERS = {"Q2": q2, "Q3": q3}
+def gpt3_without_sp() -> dict:
+    """The calculator's GPT-3 layout per device, with and without sequence parallelism."""
+    shape = PRESETS["GPT-3 175B"]
+    return {sp: memory_per_device(shape, **GPT3_LAYOUT, microbatch_size=1, recompute="selective",
+                                  sequence_parallel=sp)
+            for sp in (True, False)}
+
+
+def q5() -> list[str]:
+    m = gpt3_without_sp()
+    return [fmt(m[True]["activations"] / 1e9, "GB"), fmt(m[False]["activations"] / 1e9, "GB"),
+            fmt(m[True]["total"] / 1e9, "GB"), fmt(m[False]["total"] / 1e9, "GB"),
+            fmt(m[False]["activations"] / m[True]["activations"], "times")]
+
+
+ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}
