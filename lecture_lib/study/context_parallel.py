@@ -1,8 +1,10 @@
 """The context-parallel notebook's hand calculations: a Llama-style 70B layer at 128K tokens.
 
 The model is :data:`lecture_lib.costmodel.memory.PRESETS` ``"Llama-style 70B"`` (80 layers,
-h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, t = 8 with sequence
-parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Bytes from
+h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, tp = 8 with sequence
+parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Q5 asks what
+Llama 3 70B's grouped-query attention (8 K/V heads of 128, Dubey et al. 2024, Table 3)
+changes. Bytes from
 :func:`lecture_lib.costmodel.context_parallel.ring_bytes_per_layer` and
 ``ulysses_bytes_per_layer``; the load imbalance from
 :func:`lecture_lib.context_parallel.ring_schedule`.
@@ -18,23 +20,35 @@ from . import fmt
 
 LLAMA = PRESETS["Llama-style 70B"]
 SEQ, CP, TP = 131072, 8, 8
+KV_HEADS, HEAD = 8, 128            # Llama 3 70B's K/V heads and head size (64 x 128 = 8192)
 
 
 def activations_at_cp8() -> list[str]:
-    """Q1: activations per device, all 80 layers, at cp = 1 and cp = 8; model states at t = 8."""
+    """Q1: the parameter count; activations per device, all 80 layers, at cp = 1 and cp = 8;
+    model states at tp = 8."""
     def total(cp):
         return LLAMA.layers * cpm.cp_activation_bytes_per_layer(
             SEQ, 1, LLAMA.hidden, LLAMA.heads, cp=cp, tp=TP, sequence_parallel=True,
             recompute="selective")
     states = model_state_bytes(LLAMA.num_params / TP)        # mixed-precision Adam, no ZeRO
-    return [fmt(total(1) / 1e9, "GB"), fmt(total(CP) / 1e9, "GB"), fmt(states / 1e9, "GB")]
+    return [fmt(LLAMA.num_params / 1e9, "billion"), fmt(total(1) / 1e9, "GB"),
+            fmt(total(CP) / 1e9, "GB"), fmt(states / 1e9, "GB")]
 
 
 def bytes_per_layer() -> list[str]:
-    """Q2: bytes one rank sends per layer forward, ring against Ulysses, at cp = 8 (bf16)."""
-    ring = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden, CP)["forward"]
-    ulysses = cpm.ulysses_bytes_per_layer(1, SEQ, LLAMA.hidden, CP)["forward"]
-    return [fmt(ring / 1e9, "GB"), fmt(ulysses / 1e9, "GB")]
+    """Q2: bytes one rank sends per layer forward, ring against Ulysses, at tp = 8 and cp = 8
+    (bf16): a tensor-parallel rank holds a/tp heads, so its K/V (and q, o) are h/tp wide."""
+    ring = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
+    ulysses = cpm.ulysses_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
+    return [fmt(ring / 1e6, "MB"), fmt(ulysses / 1e6, "MB")]
+
+
+def grouped_query_ring() -> list[str]:
+    """Q5: ring's bytes per layer forward at tp = 8, cp = 8 with 8 K/V heads instead of 64:
+    each tensor-parallel rank holds one K/V head (8 / tp), so its K/V are 128 wide, not h/tp."""
+    mha = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
+    gqa = cpm.ring_bytes_per_layer(1, SEQ, max(KV_HEADS // TP, 1) * HEAD, CP)["forward"]
+    return [fmt(gqa / 1e6, "MB"), f"{mha / gqa:g}x"]
 
 
 def causal_imbalance() -> list[str]:
@@ -55,4 +69,4 @@ def hop_hiding_length() -> list[str]:
 
 
 ANSWERS = {"Q1": activations_at_cp8, "Q2": bytes_per_layer, "Q3": causal_imbalance,
-           "Q4": hop_hiding_length}
+           "Q4": hop_hiding_length, "Q5": grouped_query_ring}

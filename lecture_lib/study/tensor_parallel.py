@@ -1,7 +1,7 @@
 """The tensor-parallel notebook's hand calculations: one GPT-3 175B layer under tensor parallelism.
 
 The layer is Brown et al. 2020's (Table 2.1: s = 2048, h = 12288, a = 96), one sequence per
-micro-batch, 16-bit activations, t = 8 (one node). Activations from Korthikanti et al. 2022
+micro-batch, 16-bit activations, tp = 8 (one node). Activations from Korthikanti et al. 2022
 (:func:`lecture_lib.costmodel.memory.activation_bytes_per_layer`), bytes from Megatron's four
 all-reduces (:func:`lecture_lib.costmodel.tensor_parallel.tp_block_comm`), time shares from
 :func:`lecture_lib.costmodel.tensor_parallel.tp_layer_time`.
@@ -18,7 +18,7 @@ TP = 8
 
 
 def activation_per_gpu() -> list[str]:
-    """Q1: bytes one layer stores per GPU: no TP, t = 8 plain, t = 8 with SP."""
+    """Q1: bytes one layer stores per GPU: no TP, tp = 8 plain, tp = 8 with SP."""
     args = (GPT3.seq_len, 1, GPT3.hidden, GPT3.heads)
     return [fmt(activation_bytes_per_layer(*args) / 1e9, "GB"),
             fmt(activation_bytes_per_layer(*args, tp=TP) / 1e9, "GB"),
