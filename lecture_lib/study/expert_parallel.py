@@ -3,12 +3,17 @@
 Q1: all-to-all bytes per token (costmodel.all_to_all_bytes; even routing);
 Q2: an MoE layer's parameters and FLOPs against one dense MLP (costmodel.moe_params,
 moe_flops_per_token; Kaplan et al. 2020, Switch Transformer);
-Q3: expert capacity and the tokens an overloaded expert drops (Switch, section 2.2).
+Q3: expert capacity and the tokens an overloaded expert drops (Switch, section 2.2);
+Q5: what if the router collapses onto one expert: the load-balancing loss (Switch, eq. 4,
+computed by the layer's own ``load_balancing_loss``) and the tokens dropped.
 """
 from __future__ import annotations
 
+import torch
+
 from ..costmodel import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
 from ..expert_parallel import expert_capacity
+from ..expert_parallel.router import load_balancing_loss
 from . import fmt
 
 
@@ -34,4 +39,25 @@ def q3_capacity(tokens: int = 4096, experts: int = 8, factor: float = 1.25,
     return [f"{capacity} slots", f"{routed - capacity} tokens"]
 
 
-ANSWERS = {"Q1": q1_bytes_per_token, "Q2": q2_params_and_flops, "Q3": q3_capacity}
+def _aux(probs: torch.Tensor, chosen: torch.Tensor) -> float:
+    """Switch's E sum_e f_e P_e for one batch on one rank, top-1 (``chosen``: each token's
+    expert)."""
+    tokens, experts = probs.shape
+    counts = torch.bincount(chosen, minlength=experts).view(1, 1, experts)
+    return float(load_balancing_loss(probs, counts, probs.sum(0), tokens))
+
+
+def q5_collapsed_router(tokens: int = 4096, experts: int = 8, factor: float = 1.25) -> list[str]:
+    """Every token picks expert 0 with probability 1: the aux loss (its maximum, E), against
+    an even router's 1; expert 0's slots and the tokens dropped, top-1."""
+    collapsed = _aux(torch.eye(experts)[torch.zeros(tokens, dtype=torch.long)],
+                     torch.zeros(tokens, dtype=torch.long))
+    even = _aux(torch.full((tokens, experts), 1 / experts), torch.arange(tokens) % experts)
+    capacity = expert_capacity(tokens, experts, 1, factor)
+    dropped = tokens - capacity
+    return [f"{collapsed:g} (its maximum, E)", f"an even router gives {even:g}",
+            f"{capacity} slots", f"{dropped} of {tokens} tokens", fmt(100 * dropped / tokens, "%")]
+
+
+ANSWERS = {"Q1": q1_bytes_per_token, "Q2": q2_params_and_flops, "Q3": q3_capacity,
+           "Q5": q5_collapsed_router}

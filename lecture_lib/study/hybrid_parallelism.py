@@ -1,8 +1,15 @@
 """The hybrid notebook's hand calculations: training days from 6ND, a rank's place in the grid,
-the global batch identity and the bubble it leaves."""
+the global batch identity and the bubble it leaves; why 2048 badly placed GPUs barely beat 1024
+well placed ones (the step-time model of section 4); and the global gradient norm a clipped
+tp x pp run must use (Megatron-LM's clip_grad_norm: squared shard norms summed over the model
+parallel ranks, a replicated parameter counted once)."""
 from __future__ import annotations
 
-from ..costmodel import H100_CLUSTER, PRESETS, pipeline_bubble
+import math
+from dataclasses import replace
+
+from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
+from ..costmodel.steptime import Parallelism, step_time
 from ..dims import ParallelDims
 from ..mesh import grid_coordinates, grid_groups
 from ..metrics import model_flops_per_token, training_days
@@ -46,4 +53,43 @@ def q3() -> list[str]:
     return [f"m = {m}", fmt(100 * pipeline_bubble(PP, m), "%")]
 
 
-ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3}
+def q4() -> list[str]:
+    """GPT-3 175B, tp across nodes, on 1024 then 2048 A100s (dp 8 -> 16, global batch 1536):
+    compute and tp communication both halve; the well-placed 1024-GPU step; the link ratio."""
+    gpt3, batch = PRESETS["GPT-3 175B"], 1536
+    lecture = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1, zero_stage=1),
+                          recompute="full")
+    twice = replace(lecture, dims=replace(lecture.dims, dp=16))
+    double = replace(A100_CLUSTER, nodes=2 * A100_CLUSTER.nodes)
+    inside = step_time(gpt3, lecture, A100_CLUSTER, batch)
+    across = step_time(gpt3, replace(lecture, inner="dp"), A100_CLUSTER, batch)
+    across2 = step_time(gpt3, replace(twice, inner="dp"), double, batch)
+    inside2 = step_time(gpt3, twice, double, batch)
+    ratio = A100_CLUSTER.intra.beta / A100_CLUSTER.inter.beta
+    return [f"m = {across.microbatches}", f"m = {across2.microbatches}",
+            fmt(across.compute, "s"), fmt(across2.compute, "s"),
+            fmt(across.tp_comm, "s"), fmt(across2.tp_comm, "s"),
+            fmt(across.total, "s"), fmt(across2.total, "s"), fmt(inside.total, "s"),
+            fmt(ratio, "x"), fmt(inside2.total, "s")]
+
+
+# the tp x pp ranks' own gradient norms: (pp0, tp0), (pp0, tp1), (pp1, tp0), (pp1, tp1); and
+# a layer norm's, replicated on stage 0's tp ranks
+SHARD_NORMS = (6.0, 6.0, 2.0, 3.0)
+REPLICATED_NORM, TP, MAX_NORM = 4.0, 2, 1.0
+
+
+def q5() -> list[str]:
+    """The global norm sqrt(sum of squared shard norms + the replicated norm once), the one clip
+    factor it gives every rank, the norm counting the replica on both tp ranks, and the factor
+    the smallest rank would take if each rank clipped by its own norm."""
+    squares = sum(n * n for n in SHARD_NORMS)
+    norm = math.sqrt(squares + REPLICATED_NORM ** 2)
+    overcounted = math.sqrt(squares + TP * REPLICATED_NORM ** 2)
+    local = [math.sqrt(n * n + (REPLICATED_NORM ** 2 if i < TP else 0.0))
+             for i, n in enumerate(SHARD_NORMS)]
+    return [f"{norm:.2f}", f"{MAX_NORM / norm:.3g}", f"{overcounted:.2f}",
+            f"{local[0]:.2f}", f"{MAX_NORM / min(local):.3g}"]
+
+
+ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5}

@@ -70,6 +70,16 @@ def _position(rank: int, g: int) -> tuple[float, float]:
     return (rank % g) * 1.3, -(rank // g) * 1.6
 
 
+def _lane(groups: list[list[int]], i: int, g: int) -> float:
+    """A sideways shift for group ``i``'s line, so that two groups of one dimension whose lines
+    would run over the same column between the same nodes (dp=2 x pp=2: dp groups {0, 8} and
+    {4, 12}) are drawn side by side instead of merging into one."""
+    col, span = groups[i][0] % g, (groups[i][0] // g, groups[i][-1] // g)
+    earlier = [grp for grp in groups[:i] if grp[0] % g == col
+               and grp[0] // g < span[1] and span[0] < grp[-1] // g]
+    return 0.1 * len(earlier)
+
+
 def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
     """Draw the grid on its nodes; returns ``(fig, layout)`` (:func:`rank_grid_layout`)."""
     layout = rank_grid_layout(dims, gpus_per_node)
@@ -98,7 +108,9 @@ def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
             if len(group) < 2 or (d == "tp" and not layout["crosses_nodes"]["tp"][i]):
                 continue                   # a tp group inside a node is its shaded band
             pts = [_position(r, g) for r in group]
-            ax.plot([x + 0.5 + OFFSET.get(d, 0.0) for x, _ in pts], [y + 0.45 for _, y in pts],
+            base = OFFSET.get(d, 0.0)          # lanes move away from the box's centre
+            shift = base + math.copysign(_lane(layout["groups"][d], i, g), base or 1.0)
+            ax.plot([x + 0.5 + shift for x, _ in pts], [y + 0.45 for _, y in pts],
                     color=color, ls=style, lw=1.8, zorder=2,   # behind the boxes
                     label=f"{d} group" if i == 0 else None)
     if "tp" in dims and dims["tp"] > 1:
