@@ -83,3 +83,72 @@ def test_the_schedule_explorers_chart_is_numbered_and_legible():
     assert "F chunk 1" in [t.get_text() for t in ax.get_legend().get_texts()]
     check_figure(fig)
     plt.close(fig)
+
+
+def _overlapped():
+    """Two ranks whose all-reduces run during the backward pass (rank 1: one span more)."""
+    return {0: [("compute", 0.0, 3.0), ("comm", 1.0, 2.0), ("comm", 2.5, 4.0)],
+            1: [("compute", 0.0, 2.0), ("idle", 2.0, 2.5), ("compute", 2.5, 3.5),
+                ("comm", 1.5, 3.0), ("optimizer", 4.0, 4.5)]}
+
+
+def test_compute_and_communication_each_land_on_their_own_lane():
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    timelines = _overlapped()
+    drawn = plots.plot_timeline(ax, timelines, unit="s", legend_outside=True)
+    fig.tight_layout()
+    assert [(b["row"], b["kind"]) for b in drawn] == [(r, sp[0]) for r, spans in timelines.items()
+                                                      for sp in spans]
+    for box in drawn:                                      # comm below, everything else above
+        assert box["lane"] == ("comm" if box["kind"] == "comm" else "compute"), box
+    fig.canvas.draw()
+    bars = {id(b): patch for b, patch in zip(drawn, ax.patches)}
+    for row in (0, 1):                                     # on screen: the lanes never overlap,
+        compute = [bars[id(b)].get_window_extent() for b in drawn
+                   if b["row"] == row and b["lane"] == "compute"]
+        comm = [bars[id(b)].get_window_extent() for b in drawn
+                if b["row"] == row and b["lane"] == "comm"]
+        assert min(e.y0 for e in compute) > max(e.y1 for e in comm)   # compute lane on top
+        band = [e for e in compute + comm]
+        other = [bars[id(b)].get_window_extent() for b in drawn if b["row"] != row]
+        assert all(e.y1 < min(x.y0 for x in band) or e.y0 > max(x.y1 for x in band)
+                   for e in other)                         # nor does a rank's band another's
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    lanes = [t.get_text() for t in ax.get_yticklabels(minor=True)]
+    assert ticks == ["rank 0", "rank 1"] and lanes == ["compute", "comm"] * 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "comm", "idle",
+                                                                   "optimizer"]
+    check_figure(fig)
+    plt.close(fig)
+
+
+def test_overlap_stays_visible():
+    """The comm span drawn during the compute span does not cover it: both keep their area."""
+    fig, ax = plt.subplots()
+    drawn = plots.plot_timeline(ax, {0: [("compute", 0.0, 2.0), ("comm", 0.5, 1.5)]})
+    compute, comm = drawn
+    assert comm["y"] - compute["y"] >= (compute["height"] + comm["height"]) / 2
+    plt.close(fig)
+
+
+def test_other_communication_kinds_can_be_named():
+    spans = {0: [("route", 0.0, 1.0), ("dispatch", 1.0, 2.0), ("experts", 2.0, 3.0)]}
+    fig, ax = plt.subplots()
+    assert {b["lane"] for b in plots.plot_timeline(ax, spans)} == {None}   # no comm kind: one bar
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    drawn = plots.plot_timeline(ax, spans, comm_kinds=("dispatch",))
+    assert [b["lane"] for b in drawn] == ["compute", "comm", "compute"]
+    plt.close(fig)
+
+
+def test_rows_already_split_by_the_caller_stay_one_bar_high():
+    """02b's and 05's figures pass one row of compute and one of comm per variant."""
+    lines = {"flat: compute": [("compute", 0.0, 2.0), ("idle", 2.0, 2.5)],
+             "flat: comm": [("comm", 2.0, 2.5)]}
+    fig, ax = plt.subplots()
+    drawn = plots.plot_timeline(ax, lines, unit="us")
+    assert [(b["row"], b["lane"], b["height"]) for b in drawn] == [(0, None, 0.7), (0, None, 0.7),
+                                                                   (1, None, 0.7)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(lines)
+    plt.close(fig)

@@ -6,7 +6,8 @@ still says where its numbers came from, and which time it shows: real time
 on this machine, or the emulated time of a GPU cluster (``emulated=``, see
 :mod:`lecture_lib.emulate`): "emulated H100 + NVLink, measured from the real
 code on <machine>". :func:`plot_timeline` draws per-rank
-spans (compute, communication, pipeline actions) as a Gantt chart.
+spans (compute, communication, pipeline actions) as a Gantt chart, computation and
+communication on lanes of their own so that their overlap shows.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ COLORS = {
     "idle": "#DDDDDD", "bubble": "#DDDDDD",
 }
 _ACTION = re.compile(r"([FBW])(\d+)(?:\.(\d+))?")   # str(Action): F3, B2.1
+# The kinds of span plot_timeline draws on a row's communication lane (the rest: compute).
+COMM_KINDS = ("comm", "communication")
+_LANE, _LANE_HEIGHT = 0.21, 0.4     # a split row: compute lane centred 0.21 above, comm below
 
 
 def use_style() -> None:
@@ -112,9 +116,17 @@ def _fits(ax, width: float, text: str, fontsize: float) -> bool:
 
 def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms",
                   colors: dict | None = None, labels: bool = False,
-                  legend_outside: bool = False, legend: bool = True) -> list[dict]:
+                  legend_outside: bool = False, legend: bool = True,
+                  comm_kinds=COMM_KINDS) -> list[dict]:
     """Gantt chart: ``timelines[rank] = [(kind, start_s, end_s), ...]`` or
     ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top.
+
+    Computation and communication get rows of their own, so that where they overlap in
+    time both stay visible: when some row holds both (kinds in ``comm_kinds`` and any
+    other kind), every row is drawn as two lanes, computation above ("compute": idle
+    and optimizer spans too) and communication below ("comm"), under the rank's label.
+    Rows that hold one side only (a pipeline's F/B/W, rows a caller already split as
+    ``"bucketed: compute"`` / ``"bucketed: comm"``) stay one bar high.
 
     Keys that are not ranks (strings such as ``"bucketed: comm"``) label their
     rows as given, in the dict's order. ``legend_outside`` puts the legend to
@@ -123,14 +135,17 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
     Pipeline spans (text ``str(Action)``: 'F3', 'B2.1') are coloured by kind and
     shaded by model chunk (legend 'F chunk 1' when a rank holds several); with
     ``labels`` each box shows its micro-batch number (other spans their text)
-    where it fits. Returns what was drawn: one dict per span (``row``, ``kind``,
-    ``microbatch``, ``chunk``, ``color``, ``text`` written or None).
+    where it fits. Returns what was drawn: one dict per span (``row``, ``lane``:
+    "compute", "comm" or None when rows are not split, ``y`` and ``height`` of its bar,
+    ``kind``, ``microbatch``, ``chunk``, ``color``, ``text`` written or None).
     """
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     colors = {**COLORS, **(colors or {})}
     ranks = sorted(timelines) if all(isinstance(k, int) for k in timelines) else list(timelines)
     actions = {id(sp): _action_of(sp[3]) for r in ranks for sp in timelines[r] if len(sp) > 3}
     chunks = 1 + max((a.chunk for a in actions.values() if a), default=0)
+    comm_kinds = frozenset(comm_kinds)
+    split = any({sp[0] in comm_kinds for sp in timelines[r]} == {True, False} for r in ranks)
     seen, drawn = {}, []
     for row, rank in enumerate(ranks):
         for span in timelines[rank]:
@@ -141,18 +156,22 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
             if action is not None:
                 color = shade(color, action.chunk, chunks)
                 key = f"{kind} chunk {action.chunk}" if chunks > 1 else kind
-            bar = ax.barh(row, (end - start) * scale, left=start * scale, height=0.7,
+            lane = ("comm" if kind in comm_kinds else "compute") if split else None
+            y = row + {"compute": -_LANE, "comm": _LANE, None: 0.0}[lane]
+            height = _LANE_HEIGHT if split else 0.7
+            bar = ax.barh(y, (end - start) * scale, left=start * scale, height=height,
                           color=color, edgecolor="white", linewidth=0.5)
             seen.setdefault(key, bar)
-            drawn.append({"row": row, "kind": kind, "start": start * scale,
-                          "width": (end - start) * scale, "color": color, "text": None,
+            drawn.append({"row": row, "lane": lane, "y": y, "height": height, "kind": kind,
+                          "start": start * scale, "width": (end - start) * scale,
+                          "color": color, "text": None,
                           "microbatch": action.microbatch if action else None,
                           "chunk": action.chunk if action else None})
     if labels:
         _write_labels(ax, [sp for r in ranks for sp in timelines[r]], actions, drawn)
     if any("chunk" in key for key in seen):          # F chunk 0, F chunk 1, B chunk 0, ...
         seen = dict(sorted(seen.items(), key=lambda kv: ("FBW".find(kv[0][0]), kv[0])))
-    _finish_timeline(ax, ranks, unit, title, seen if legend else None, legend_outside)
+    _finish_timeline(ax, ranks, unit, title, seen if legend else None, legend_outside, split)
     return drawn
 
 
@@ -163,14 +182,19 @@ def _write_labels(ax, spans, actions, drawn, fontsize: float = 8) -> None:
         text = str(action.microbatch) if action else (str(span[3]) if len(span) > 3 else "")
         if text and _fits(ax, box["width"], text, fontsize):
             light = sum(to_rgb(box["color"])) / 3 > 0.6
-            ax.text(box["start"] + box["width"] / 2, box["row"], text, ha="center",
+            ax.text(box["start"] + box["width"] / 2, box["y"], text, ha="center",
                     va="center", fontsize=fontsize, color="black" if light else "white")
             box["text"] = text
 
 
-def _finish_timeline(ax, ranks, unit, title, seen, legend_outside) -> None:
+def _finish_timeline(ax, ranks, unit, title, seen, legend_outside, split=False) -> None:
     ax.set_yticks(range(len(ranks)), [f"rank {r}" if isinstance(r, int) else str(r)
                                       for r in ranks])
+    if split:                # lane names beside the bars, the rank's name to their left
+        lanes = [row + d for row in range(len(ranks)) for d in (-_LANE, _LANE)]
+        ax.set_yticks(lanes, ["compute", "comm"] * len(ranks), minor=True)
+        ax.tick_params(axis="y", which="minor", labelsize=8, length=0)
+        ax.tick_params(axis="y", which="major", length=0, pad=0.6 * 8 * len("compute") + 6)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.grid(axis="y", visible=False)

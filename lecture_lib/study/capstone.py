@@ -1,19 +1,26 @@
 """The capstone notebook: the hand calculations, with the library's models.
 
-Q2: storing the tokens. Q3: the compute of GPT-2 small (124M parameters, 12 layers,
-d 768, context 1024) on 10 billion tokens (``metrics.model_flops_per_token``: ``6 N``
-plus the attention term ``12 L T d``), and how long it takes at 40 % MFU on one A100
-and on one node of 8 H100 (peaks from ``costmodel``: 312 and 989 TFLOP/s dense bf16).
+Q2: storing the tokens. Q3: the compute of GPT-2 small (``N_total`` = 124M parameters with
+embeddings, L 12 layers, h 768, s 1024) on D = 10 billion tokens
+(``metrics.model_flops_per_token``: ``6 N_total`` plus the attention term ``12 L s h``), and
+how long it takes at 40 % MFU on one A100 and on one node of 8 H100 (peaks from
+``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if): the launch-bound emulated step of
+the notebook's one-process run with a batch 8 times larger (``emulate``'s ``h100-node``, eager).
 """
 from __future__ import annotations
 
-from lecture_lib import metrics
+import torch
+
+from lecture_lib import emulate, metrics
+from lecture_lib.capstone.train import cpu_gpt
 from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
+from lecture_lib.models import GPT
 from lecture_lib.study import fmt
 
 TOKENS = 10_000_000_000
 GPT2_SMALL = {"n_params": 124_000_000, "n_layers": 12, "seq_len": 1024, "d_model": 768}
 MFU = 0.4
+VOCAB, BATCH, LR, BIGGER = 1024, 8, 2e-3, 8     # the notebook's vocabulary, batch and learning rate
 
 
 def q2() -> list[str]:
@@ -41,4 +48,29 @@ def q3() -> list[str]:
             fmt(h100 / 3600, "hours")]
 
 
-ANSWERS = {"Q2": q2, "Q3": q3}
+def emulated_step(batch: int) -> float:
+    """Emulated seconds of a forward + backward + AdamW step of the notebook's model on
+    ``batch`` sequences, on the ``h100-node`` preset (eager): the second step, as the notebook's
+    table times it (the first creates AdamW's state). Emulated time depends on shapes only."""
+    cfg = cpu_gpt(VOCAB)
+    model = GPT(cfg, 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    tokens = torch.randint(VOCAB, (batch, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        opt.zero_grad()
+        with emulate.emulated("h100-node") as clock:
+            model(tokens, tokens).backward()
+            opt.step()
+            end = clock.synchronize()
+    return end
+
+
+def q5() -> list[str]:
+    """What if the launch-bound step's batch were 8 times larger: its time and its MFU."""
+    small, large = emulated_step(BATCH), emulated_step(BIGGER * BATCH)
+    assert large < 1.5 * small                      # launch-bound: the batch hardly shows
+    return [fmt(small * 1e6, "us"), fmt(large * 1e6, "us"), f"{large / small:.2f}",
+            f"{BIGGER * small / large:.1f}x"]
+
+
+ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}

@@ -1,5 +1,6 @@
 """The profiling notebook's hand calculations: shares of a step and the rules of thumb, the GPipe
-bound on a stage's busy share, and what summed gradients do to SGD."""
+bound on a stage's busy share, what summed gradients do to SGD, and a step's buckets on the
+communication stream (in flight against exposed, and what if the link is slower)."""
 from __future__ import annotations
 
 from ..costmodel import pipeline_bubble
@@ -9,6 +10,8 @@ from . import fmt
 COMPUTE_MS, ALLREDUCE_MS, HIDDEN_MS = 120.0, 60.0, 40.0
 STAGES, MICRO = 4, 4
 RANKS, LR = 8, 0.01
+FORWARD_MS, BACKWARD_MS, BUCKETS = 40.0, 80.0, 4
+FLAT_MS, BUCKET_MS, SLOW_BUCKET_MS = 60.0, 15.0, 25.0
 
 
 def q1() -> list[str]:
@@ -33,4 +36,31 @@ def q3() -> list[str]:
     return [f"{RANKS * LR:g}"]
 
 
-ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3}
+def bucketed_step(forward: float, backward: float, buckets: int,
+                  per_bucket: float) -> tuple[float, float, float]:
+    """``(step, communication in flight, exposed)``: bucket i is ready after (i + 1) / buckets of
+    the backward and all-reduced in ``per_bucket``, one at a time on the communication stream
+    (each starts when it is ready and the one before is done)."""
+    free = 0.0
+    for i in range(buckets):
+        free = max(free, forward + backward * (i + 1) / buckets) + per_bucket
+    step = max(forward + backward, free)
+    return step, buckets * per_bucket, step - forward - backward
+
+
+def q5() -> list[str]:
+    """Flat (60 ms after backward) against 4 buckets of 15 ms; then buckets of 25 ms."""
+    compute = FORWARD_MS + BACKWARD_MS
+    flat = compute + FLAT_MS
+    step, flight, exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, BUCKET_MS)
+    assert flight == FLAT_MS and step < flat and flight / step > FLAT_MS / flat
+    for comm, total in ((FLAT_MS, flat), (flight, step)):     # the rule fires on both
+        assert diagnose(comm / total, compute / total, comm_kinds={"all_reduce"}).comm_bound
+    slow, _, slow_exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, SLOW_BUCKET_MS)
+    assert slow_exposed > SLOW_BUCKET_MS                       # more than the last bucket
+    return [fmt(flat, "ms"), fmt(100 * FLAT_MS / flat, "%"), fmt(step, "ms"),
+            fmt(100 * flight / step, "%"), fmt(100 * exposed / step, "%"), fmt(slow, "ms"),
+            fmt(slow_exposed, "ms")]
+
+
+ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
