@@ -22,11 +22,13 @@ a large share of the step, or the device is idle much of it.
 from .diagnose import BUSY_SHARE_LIMIT, COMM_SHARE_LIMIT, Diagnosis, diagnose, diagnose_run
 from .emulated import profile_steps_emulated
 from .experiments import SYNCS, data_parallel_step, pipeline_step
-from .profiler import profile_run, profile_steps
+from .profiler import TracedTimer, profile_run, profile_steps
 from .trace import (
                     COMM_PATTERN,
+                    PHASE_PREFIX,
                     Event,
                     RankProfile,
+                    StepShares,
                     classify,
                     comm_intervals,
                     comm_kinds,
@@ -38,8 +40,8 @@ from .trace import (
                     timeline,
 )
 
-__all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "SYNCS", "Diagnosis", "Event",
-           "RankProfile", "classify", "comm_intervals", "comm_kinds", "covered",
+__all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "PHASE_PREFIX", "SYNCS", "Diagnosis",
+           "Event", "RankProfile", "StepShares", "TracedTimer", "classify", "comm_intervals", "comm_kinds", "covered",
            "data_parallel_step", "diagnose", "diagnose_run", "merge", "overlap_share",
            "pipeline_step", "profile_run", "profile_steps", "profile_steps_emulated",
            "read_trace", "shares", "timeline"]

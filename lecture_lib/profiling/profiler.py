@@ -27,7 +27,7 @@ from ..emulate import preset
 from ..metrics import Timer
 from ..runtime import launch
 from .emulated import profile_steps_emulated
-from .trace import RankProfile, read_trace, shares
+from .trace import PHASE_PREFIX, RankProfile, read_trace, shares
 
 
 def _check_schedule(wait: int, warmup: int, active: int) -> None:
@@ -59,6 +59,20 @@ def _without_kineto_banner():
                     if not ln.startswith("USDT:")]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
+
+
+class TracedTimer(Timer):
+    """A :class:`~lecture_lib.metrics.Timer` whose phases also appear in the trace.
+
+    Each ``with timer(phase)`` is a ``phase:<name>`` range of the trace
+    (``torch.profiler.record_function``), around the timer's own clock, so the
+    trace can say what the phase held (:meth:`~.trace.RankProfile.step_comm_shares`).
+    """
+
+    @contextmanager
+    def __call__(self, phase: str):
+        with torch.profiler.record_function(PHASE_PREFIX + phase), super().__call__(phase):
+            yield
 
 
 def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3,
@@ -126,7 +140,7 @@ def profile_run(make_step, world_size: int, *args, wait: int = 1, warmup: int = 
             raise ValueError("an emulated profile has no torch.profiler trace: drop trace_dir")
 
     def rank_fn():
-        timer = Timer(launch.device())
+        timer = (Timer if emulate is not None else TracedTimer)(launch.device())
         step = make_step(timer, *args, **kwargs)
         if emulate is not None:
             return profile_steps_emulated(step, emulate, wait=wait, warmup=warmup,

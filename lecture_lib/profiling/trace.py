@@ -31,11 +31,15 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Names of communication events: NCCL kernels, gloo's executions, c10d calls.
 COMM_PATTERN = re.compile(
     r"nccl|gloo:|c10d::|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|"
     r"\bsend\b|\brecv\b|barrier", re.IGNORECASE)
+
+# A metrics.Timer phase annotated into the trace (torch.profiler.record_function).
+PHASE_PREFIX = "phase:"
 
 # After a blocking collective ends, the training thread's next operator within this many
 # seconds counts as the moment it resumed (the wait and the wake-up are not trace events).
@@ -83,30 +87,65 @@ class RankProfile:
         The trace's :attr:`comm_share` counts each collective from its hand-over to
         its end (for a blocking one, to the moment the training thread resumes);
         the timer counts the training thread's whole "comm" phase, which also holds
-        the Python around the call and any time the operating system preempted the
-        thread inside the phase. So the timer never reads less, and on a quiet
-        machine the two agree.
+        whatever else the phase does (a flatten and a copy back, which the trace
+        counts as computing), the Python around the call and any time the operating
+        system preempted the thread inside the phase. So the timer never reads less;
+        :meth:`step_comm_shares` says what the difference is made of.
         """
         if "comm" not in self.timer_totals:
             return None
         return self.timer_totals["comm"] / sum(e - s for s, e in self.steps)
 
-    def step_comm_shares(self) -> list[tuple[float, float | None]]:
-        """Per recorded step: ``(comm share from the trace, comm share from the timer)``.
+    def step_comm_shares(self, phase: str = "comm") -> list[StepShares]:
+        """Per recorded step, the trace's communication against the timer's ``phase``.
 
-        The timer's "comm" spans are split evenly over the steps (the step must
-        enter ``timer("comm")`` the same number of times in every step), else the
-        timer's entry is None. Step by step, a preemption by the operating system
-        inside the timed phase shows up in one step, not smeared over all.
+        The timer's spans are split evenly over the steps (the step must enter
+        ``timer(phase)`` the same number of times in every step), else ``timed``
+        is None. When :func:`~.profiler.profile_run` annotated the timer's phases
+        into the trace (``phase:<name>`` ranges), the same phase is also read on
+        the trace's clock and split into communication in flight, operators the
+        trace counts as computing (a flatten, a copy back) and the rest (Python
+        between operators, preemption by the operating system). Step by step, a
+        preemption shows up in one step, not smeared over all.
         """
         comm = comm_intervals(self.events)
-        spans = [e - s for phase, s, e in self.timer_spans if phase == "comm"]
+        on_device = any(e.device for e in self.events)
+        work = [(e.start, e.end) for e in self.events
+                if e.device == on_device and e.kind == "compute"]
+        marked = [(e.start, e.end) for e in self.events if e.kind == "phase"
+                  and e.name == PHASE_PREFIX + phase]
+        spans = [e - s for name, s, e in self.timer_spans if name == phase]
         per = len(spans) // len(self.steps) if len(spans) % len(self.steps) == 0 else 0
         out = []
         for k, (s, e) in enumerate(self.steps):
-            timed = sum(spans[k * per:(k + 1) * per]) / (e - s) if per else None
-            out.append((covered(comm, [(s, e)]) / (e - s), timed))
+            length = e - s
+            timed = sum(spans[k * per:(k + 1) * per]) / length if per else None
+            inside = merge((max(a, s), min(b, e)) for a, b in marked if min(b, e) > max(a, s))
+            if inside:
+                in_flight = covered(comm, inside)
+                computing = covered(work + comm, inside) - in_flight
+                out.append(StepShares(covered(comm, [(s, e)]) / length, timed,
+                                      covered(inside, [(s, e)]) / length,
+                                      in_flight / length, computing / length))
+            else:
+                out.append(StepShares(covered(comm, [(s, e)]) / length, timed))
         return out
+
+
+class StepShares(NamedTuple):
+    """One recorded step's communication, as shares of the step (see ``step_comm_shares``)."""
+    comm: float                           # the trace's communication in flight
+    timed: float | None                   # the timer's phase, on the library's clock
+    phase: float | None = None            # the same phase on the trace's clock
+    comm_in_phase: float | None = None    # communication in flight inside the phase
+    compute_in_phase: float | None = None  # computing inside the phase, no communication
+
+    @property
+    def rest_in_phase(self) -> float | None:
+        """The phase's time that is neither: Python between operators, preemption."""
+        if self.phase is None:
+            return None
+        return self.phase - self.comm_in_phase - self.compute_in_phase
 
 
 # ----------------------------------------------------------------------------
@@ -114,9 +153,14 @@ class RankProfile:
 # ----------------------------------------------------------------------------
 
 def classify(name: str, category: str | None = None) -> str | None:
-    """'step', 'comm', 'compute' or None (an event that is neither work nor a step)."""
+    """'step', 'phase', 'comm', 'compute' or None (neither work nor a step).
+
+    A 'phase' is a timer phase annotated into the trace (``phase:<name>``).
+    """
     if name.startswith("ProfilerStep#"):
         return "step"
+    if name.startswith(PHASE_PREFIX):
+        return "phase"
     if COMM_PATTERN.search(name):
         return "comm"
     if category in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset"):
