@@ -40,8 +40,8 @@ from .trace import (
                     timeline,
 )
 
-__all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "PHASE_PREFIX", "SYNCS", "Diagnosis",
-           "Event", "RankProfile", "StepShares", "TracedTimer", "classify", "comm_intervals", "comm_kinds", "covered",
-           "data_parallel_step", "diagnose", "diagnose_run", "merge", "overlap_share",
-           "pipeline_step", "profile_run", "profile_steps", "profile_steps_emulated",
-           "read_trace", "shares", "timeline"]
+__all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "PHASE_PREFIX", "SYNCS",
+           "Diagnosis", "Event", "RankProfile", "StepShares", "TracedTimer", "classify",
+           "comm_intervals", "comm_kinds", "covered", "data_parallel_step", "diagnose",
+           "diagnose_run", "merge", "overlap_share", "pipeline_step", "profile_run",
+           "profile_steps", "profile_steps_emulated", "read_trace", "shares", "timeline"]
