@@ -1,6 +1,7 @@
 """lecture_lib.pipeline: schedules, validator, simulator against the closed forms,
 and the executor against one-process training (p = 2 and 4, every schedule)."""
 import dataclasses
+import doctest
 import time
 
 import pytest
@@ -26,6 +27,7 @@ from lecture_lib.models import (
     train_reference,
 )
 from lecture_lib.pipeline import experiments as ppx
+from lecture_lib.pipeline import schedules
 from lecture_lib.runtime import launch
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=8)
@@ -42,6 +44,14 @@ def test_1f1b_action_lists():
         "F0 F1 B0 F2 B1 B2", "F0 B0 F1 B1 F2 B2"]
     assert [" ".join(map(str, a)) for a in pp.make_schedule("gpipe", 2, 2).actions] == [
         "F0 F1 B0 B1"] * 2
+
+
+def test_a_schedule_prints_pp_for_its_stages():
+    """The course writes pp for pipeline stages (p is a collective's group size)."""
+    assert str(pp.make_schedule("zb-h1", 4, 8)).splitlines()[0] == "zb-h1 (pp=4, m=8, v=1)"
+    (example,) = doctest.DocTestFinder().find(schedules.make_schedule, "make_schedule",
+                                              globs={"make_schedule": pp.make_schedule})
+    assert doctest.DocTestRunner().run(example).failed == 0
 
 
 @pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
@@ -125,6 +135,9 @@ def test_zero_bubble_beats_1f1b_at_the_same_memory(p, m):
     one = pp.simulate(pp.make_schedule("1f1b", p, m), f, b, w)
     assert zb.bubble_fraction < one.bubble_fraction - 0.05
     assert max(zb.peak_activations) == max(one.peak_activations) == min(m, p)
+    # the most-loaded rank is equal; ZB-H1's later ranks hold as many (activations wait for W)
+    assert zb.peak_activations == [min(m, p)] * p
+    assert all(z >= o for z, o in zip(zb.peak_activations, one.peak_activations))
     assert zb.bubble_fraction == pytest.approx(zb_h1_bubble(p, m, f, b, w), abs=1e-9)
 
 

@@ -79,6 +79,7 @@ def test_the_schedule_explorers_chart_is_numbered_and_legible():
     from lecture_lib.figures.widgets.pipeline import schedule_figure  # noqa: PLC0415  imports ipywidgets
     fig, sim = schedule_figure("interleaved-1f1b", 4, 8, 2)
     ax = fig.axes[0]
+    assert ax.get_title().startswith("interleaved-1f1b: pp=4, m=8, v=2;")    # pp: stages
     assert "7" in {t.get_text() for t in ax.texts}
     assert "F chunk 1" in [t.get_text() for t in ax.get_legend().get_texts()]
     check_figure(fig)

@@ -59,5 +59,5 @@ class Schedule:
 
     def __str__(self):
         rows = [f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.actions)]
-        return f"{self.name} (p={self.num_stages}, m={self.microbatches}, " \
+        return f"{self.name} (pp={self.num_stages}, m={self.microbatches}, " \
                f"v={self.chunks})\n" + "\n".join(rows)

@@ -145,7 +145,7 @@ def make_schedule(name: str, num_stages: int, microbatches: int, chunks: int = 1
     """The schedule ``name`` for ``num_stages`` ranks and ``microbatches``, validated.
 
     >>> print(make_schedule("1f1b", 2, 3))
-    1f1b (p=2, m=3, v=1)
+    1f1b (pp=2, m=3, v=1)
     rank 0: F0 F1 B0 F2 B1 B2
     rank 1: F0 B0 F1 B1 F2 B2
     """

@@ -1,6 +1,7 @@
 """The pipeline-parallel notebook: the numbers of the self-study answers.
 
-Q1: the bubble of 1F1B and of interleaved 1F1B (Narayanan et al. 2021, section 2.2);
+Q1: the bubble of 1F1B and of interleaved 1F1B, and interleaving's price in messages
+(Narayanan et al. 2021, section 2.2);
 Q2: activations held at rank 0's peak, GPipe against 1F1B (section 2.2.1);
 Q3: ZB-H1's bubble against 1F1B's with equal F, B, W (Qi et al. 2024, section 2.1);
 Q5: what if one stage is slower: the step and bubble of unequal stages, against the same
@@ -20,8 +21,10 @@ from . import fmt
 
 
 def q1_bubbles(pp: int = 8, m: int = 32, v: int = 4) -> list[str]:
-    """(pp-1)/(m+pp-1) and (pp-1)/(v m+pp-1), in percent."""
-    return [fmt(100 * pipeline_bubble(pp, m), "%"), fmt(100 * pipeline_bubble(pp, m, v), "%")]
+    """(pp-1)/(m+pp-1) and (pp-1)/(v m+pp-1), in percent; and the price in messages: a
+    micro-batch crosses v pp - 1 boundaries between ranks each way instead of pp - 1."""
+    return [fmt(100 * pipeline_bubble(pp, m), "%"), fmt(100 * pipeline_bubble(pp, m, v), "%"),
+            fmt((v * pp - 1) / (pp - 1), "times as many messages")]
 
 
 def q2_activations(pp: int = 8, m: int = 32, gb_per_microbatch: float = 2.0) -> list[str]:
