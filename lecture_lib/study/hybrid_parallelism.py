@@ -48,9 +48,12 @@ def q2() -> list[str]:
 
 
 def q3() -> list[str]:
-    """Global batch 1024 = micro-batch 2 x m x dp 16: m, and the 1F1B bubble on pp = 8."""
+    """Global batch 1024 = micro-batch 2 x m x dp 16: m, and the 1F1B bubble on pp = 8; then
+    the same with dp doubled at the same global batch (what if): half the micro-batches."""
     m = BATCH // (MICRO * DP)
-    return [f"m = {m}", fmt(100 * pipeline_bubble(PP, m), "%")]
+    m2 = BATCH // (MICRO * 2 * DP)
+    return [f"m = {m}", fmt(100 * pipeline_bubble(PP, m), "%"),
+            f"m = {m2}", fmt(100 * pipeline_bubble(PP, m2), "%")]
 
 
 def q4() -> list[str]:
