@@ -86,6 +86,39 @@ def stamp(fig, backend: str | None = None, world_size: int | None = None,
              va="bottom", fontsize=8, color="0.4")
 
 
+def plain_log_ticks(axis, lo: float | None = None, hi: float | None = None,
+                    mantissas=(1, 2, 5), base: float = 10, outer: bool = False) -> list[float]:
+    """Label a log-scaled ``axis`` (``ax.xaxis`` / ``ax.yaxis``) with plain numbers.
+
+    Ticks go at ``m x base^k`` for ``m`` in ``mantissas`` ("50", "0.3", "0.125"; not
+    matplotlib's "5x10^1" or "3x10^-1"), with no minor ticks, from ``lo`` to ``hi`` (the
+    axis's view limits by default). ``outer=True`` also takes the nearest tick below ``lo``
+    and above ``hi`` and sets the view limits to them, so both ends are labelled. Returns
+    the ticks.
+    """
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
+
+    view = sorted(axis.get_view_interval())
+    lo, hi = view[0] if lo is None else lo, view[1] if hi is None else hi
+    if not 0 < lo <= hi:
+        raise ValueError(f"a log axis needs 0 < lo <= hi, not lo={lo!r}, hi={hi!r}")
+    k0 = int(np.floor(np.log(lo) / np.log(base))) - 1
+    k1 = int(np.ceil(np.log(hi) / np.log(base))) + 1
+    steps = sorted({float(f"{m * float(base) ** k:.12g}") for k in range(k0, k1 + 1)
+                    for m in mantissas})
+    eps = 1e-9
+    if outer:
+        lo = max(v for v in steps if v <= lo * (1 + eps))
+        hi = min(v for v in steps if v >= hi * (1 - eps))
+    ticks = [v for v in steps if lo * (1 - eps) <= v <= hi * (1 + eps)]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.12g}"))
+    if outer:                                      # e.g. ax.set_ylim: autoscaling off
+        getattr(axis.axes, f"set_{axis.axis_name}lim")(ticks[0], ticks[-1])
+    return ticks
+
+
 class _Action(NamedTuple):
     kind: str
     microbatch: int

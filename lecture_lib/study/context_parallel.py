@@ -43,11 +43,41 @@ def bytes_per_layer() -> list[str]:
     return [fmt(ring / 1e6, "MB"), fmt(ulysses / 1e6, "MB")]
 
 
+def kv_heads_per_rank(heads: int, kv_heads: int, tp: int) -> tuple[int, int]:
+    """``(K/V heads one tensor-parallel rank holds, ranks that hold each K/V head)`` when
+    ``heads`` query heads share ``kv_heads`` K/V heads (grouped-query attention) over ``tp`` ranks.
+
+    Tensor parallelism splits attention by heads, and a rank needs whole K/V heads beside the
+    query heads that use them. The query heads must split evenly, as the library checks
+    everywhere (``heads % tp == 0``, e.g. :func:`lecture_lib.costmodel.memory_per_device`).
+    For the K/V heads the condition flips at ``tp = kv_heads``: up to it, ``tp`` must divide
+    ``kv_heads`` and each rank holds ``kv_heads / tp`` of them (Megatron-LM's only case: it
+    divides its query groups by tp); past it, ``kv_heads`` must divide ``tp`` and each rank
+    holds one K/V head, replicated on ``tp / kv_heads`` ranks (vLLM's ``QKVParallelLinear``).
+    Anything else raises ValueError.
+    """
+    if min(heads, kv_heads, tp) < 1 or heads % kv_heads:
+        raise ValueError(f"need heads, kv_heads, tp >= 1 and kv_heads dividing heads: "
+                         f"heads={heads}, kv_heads={kv_heads}, tp={tp}")
+    if heads % tp:
+        raise ValueError(f"{heads} query heads do not split over tp={tp}")
+    if tp <= kv_heads:
+        if kv_heads % tp:
+            raise ValueError(f"tp={tp} does not divide the {kv_heads} K/V heads: each rank "
+                             f"must hold whole K/V heads")
+        return kv_heads // tp, 1
+    if tp % kv_heads:
+        raise ValueError(f"tp={tp} exceeds the {kv_heads} K/V heads but is not a multiple of "
+                         f"them: each K/V head must sit on tp / kv_heads ranks")
+    return 1, tp // kv_heads
+
+
 def grouped_query_ring() -> list[str]:
     """Q5: ring's bytes per layer forward at tp = 8, cp = 8 with 8 K/V heads instead of 64:
     each tensor-parallel rank holds one K/V head (8 / tp), so its K/V are 128 wide, not h/tp."""
     mha = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
-    gqa = cpm.ring_bytes_per_layer(1, SEQ, max(KV_HEADS // TP, 1) * HEAD, CP)["forward"]
+    per_rank, _ = kv_heads_per_rank(LLAMA.heads, KV_HEADS, TP)
+    gqa = cpm.ring_bytes_per_layer(1, SEQ, per_rank * HEAD, CP)["forward"]
     return [fmt(gqa / 1e6, "MB"), f"{mha / gqa:g}x"]
 
 

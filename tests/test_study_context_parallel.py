@@ -1,0 +1,41 @@
+"""lecture_lib.study.context_parallel: where grouped-query attention's K/V heads go under tensor
+parallelism (notebook 05, section 5 and Q5), and the hop-hiding threshold's bytes per value (Q4)."""
+import pytest
+
+from lecture_lib.costmodel import NVLINK_H100
+from lecture_lib.costmodel.tensor_parallel import H100_BF16_FLOPS
+from lecture_lib.study import context_parallel as study
+
+
+@pytest.mark.parametrize("tp, expected", [(1, (8, 1)), (2, (4, 1)), (4, (2, 1)), (8, (1, 1)),
+                                          (16, (1, 2)), (32, (1, 4)), (64, (1, 8))])
+def test_llama3_70b_kv_heads_split_then_replicate(tp, expected):
+    """64 query heads, 8 K/V heads: up to tp = 8 each rank holds 8/tp; past it one, on tp/8."""
+    assert study.kv_heads_per_rank(64, 8, tp) == expected
+
+
+def test_without_gqa_every_rank_holds_its_own_heads():
+    assert study.kv_heads_per_rank(64, 64, 8) == (8, 1)
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp, why", [
+    (12, 4, 6, "not a multiple"),          # 6 > 4 and 4 does not divide 6
+    (24, 8, 12, "not a multiple"),         # 12 > 8, not a multiple of 8
+    (12, 6, 4, "does not divide the 6"),   # 4 <= 6 and does not divide 6
+    (64, 8, 3, "query heads do not split"),
+    (12, 5, 2, "kv_heads dividing heads"),
+])
+def test_a_placement_that_does_not_exist_is_refused(heads, kv_heads, tp, why):
+    with pytest.raises(ValueError, match=why):
+        study.kv_heads_per_rank(heads, kv_heads, tp)
+
+
+def test_q5_uses_one_kv_head_per_rank_at_tp8():
+    gqa_mb, ratio = study.grouped_query_ring()
+    assert ratio == "8x"                   # a / a_kv while tp divides a_kv
+
+
+def test_q4_threshold_is_bf16():
+    """Q4 asks in bf16 (e = 2 bytes per value); notebook 05's section 7 uses e = 4 (fp32)."""
+    per_rank, _ = study.hop_hiding_length()
+    assert per_rank == f"{2 * H100_BF16_FLOPS / NVLINK_H100.beta:.0f} tokens"
