@@ -30,7 +30,7 @@ class Action:
 class Schedule:
     """``actions[rank]`` is the ordered list of that rank's actions.
 
-    Rank ``r``'s chunk ``c`` is virtual stage ``c * p + r`` (Megatron-LM's
+    Rank ``r``'s chunk ``c`` is virtual stage ``c * pp + r`` (``pp`` stages) (Megatron-LM's
     interleaved layout); with one chunk, rank r is stage r.
     """
     name: str

@@ -85,7 +85,7 @@ class _Step:
 
 
 class PipelineExecutor:
-    """Runs ``schedule`` on this rank's ``chunks`` (chunk c = virtual stage c*p + stage).
+    """Runs ``schedule`` on this rank's ``chunks`` (chunk c = virtual stage c*pp + stage).
 
     ``ranks`` (or ``group``) lists the global ranks of the stages in order; the
     default is every rank of the default group. ``exchange`` moves the messages

@@ -2,7 +2,7 @@
 
 The idea
 --------
-Pipeline parallelism cuts a model's layers into ``p`` contiguous *stages*, one
+Pipeline parallelism cuts a model's layers into ``pp`` contiguous *stages*, one
 per rank, and cuts the batch into ``m`` *micro-batches*. A stage can only
 work on micro-batch ``i`` once the stage before it has sent ``i``'s
 activation (forward) or the stage after it has sent ``i``'s gradient
@@ -14,19 +14,19 @@ for every rank, the ordered list of actions it performs:
   also has ``W``),
 * ``W`` the weight gradient, split off ``B`` by zero-bubble schedules.
 
-Four schedules, each a pure function of (p, m[, v]):
+Four schedules, each a pure function of (pp, m[, v]) (``p`` in the code below):
 
 * ``gpipe``: all forwards, then all backwards (Huang et al. 2019, "GPipe").
-  Bubble (p-1)/(m+p-1); each rank holds the activations of all m micro-batches.
-* ``1f1b``: ``p - rank - 1`` warm-up forwards, then one forward one backward,
+  Bubble (pp-1)/(m+pp-1); each rank holds the activations of all m micro-batches.
+* ``1f1b``: ``pp - rank - 1`` warm-up forwards, then one forward one backward,
   then the remaining backwards (Narayanan et al. 2019, "PipeDream"; Megatron-LM's
-  "PipeDream-Flush"). Same bubble, but rank r holds at most min(m, p - r).
+  "PipeDream-Flush"). Same bubble, but rank r holds at most min(m, pp - r).
 * ``interleaved-1f1b``: every rank holds ``v`` chunks (rank r holds virtual
-  stages r, r + p, ...); bubble (p-1)/(v m + p-1) (Narayanan et al. 2021,
+  stages r, r + pp, ...); bubble (pp-1)/(v m + pp-1) (Narayanan et al. 2021,
   "Efficient Large-Scale Language Model Training on GPU Clusters using
-  Megatron-LM", section 2.2.2). Needs m to be a multiple of p.
+  Megatron-LM", section 2.2.2). Needs m to be a multiple of pp.
 * ``zb-h1``: 1F1B's order of F and B, with the weight gradients W moved into
-  what would be bubbles, without holding more micro-batches than 1F1B's peak
+  what would be bubbles, every rank holding pp micro-batches, 1F1B's peak on rank 0
   (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", schedule ZB-H1).
 
 :func:`~.validate.validate` proves a schedule complete (every action exactly once),
@@ -161,7 +161,7 @@ def make_schedule(name: str, num_stages: int, microbatches: int, chunks: int = 1
                              f"(chunks={v}; with one chunk it is plain 1f1b)")
         if m % p:
             raise ValueError(f"interleaved-1f1b needs microbatches to be a multiple of "
-                             f"num_stages (m >= p and m % p == 0): m={m}, p={p}")
+                             f"num_stages pp (m >= pp and m % pp == 0): m={m}, pp={p}")
         actions = interleaved_one_f_one_b(p, m, v)
     elif v != 1:
         raise ValueError(f"{name} runs one model chunk per rank (chunks=1), not chunks={v}; "
