@@ -6,12 +6,14 @@ One submodule per kind of cost; the names below are re-exported here.
 * :mod:`.memory`: model states under ZeRO, activations (Korthikanti et al.), per device.
 * :mod:`.tensor_parallel`: bytes per block under tensor parallelism; a layer's modelled step.
 * :mod:`.pipeline`: the pipeline bubble and activation memory, in closed form.
-* :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes.
+* :mod:`.moe`: mixture-of-experts parameters, FLOPs per token, all-to-all bytes, memory
+  per device under expert parallelism.
 * :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
 * :mod:`.traffic`: memory-bound work (element-wise ops, optimizer, gradient buffer) in bytes.
 * :mod:`.flops`: training FLOPs per token (``6 N + 12 L T d``), MFU, training days.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
-* :mod:`.planner`: search the configurations that fit, rank them by step time.
+* :mod:`.planner`: search the configurations that fit, rank them by step time (cp and
+  ep axes included).
 """
 from .comm import (
                    INFINIBAND_HDR,
@@ -49,7 +51,16 @@ from .memory import (
                    model_state_breakdown,
                    model_state_bytes,
 )
-from .moe import all_to_all_bytes, mlp_params, moe_flops_per_token, moe_params
+from .moe import (
+                   MoESpec,
+                   all_to_all_bytes,
+                   dispatch_buffer_bytes,
+                   memory_per_device_ep,
+                   mlp_params,
+                   moe_flops_per_token,
+                   moe_param_split,
+                   moe_params,
+)
 from .pipeline import (
                    microbatches_for_bubble,
                    peak_microbatches,
@@ -58,7 +69,18 @@ from .pipeline import (
                    pipeline_step_time,
                    zb_h1_bubble,
 )
-from .planner import ContextParallelPlan, Plan, explain, plan, plan_context_parallel, rank_of
+from .planner import (
+                   ContextParallelPlan,
+                   ExpertParallelPlan,
+                   Plan,
+                   expert_parallel_step,
+                   explain,
+                   explain_expert_parallel,
+                   plan,
+                   plan_context_parallel,
+                   plan_expert_parallel,
+                   rank_of,
+)
 from .steptime import (
                    A100_CLUSTER,
                    H100_CLUSTER,

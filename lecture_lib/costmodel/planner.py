@@ -6,6 +6,8 @@ allows: for a model, a cluster and a global batch, enumerate every
 ``(dp, tp, pp, micro-batch, ZeRO stage, recomputation, inner axis)``, drop
 what does not fit in device memory (:func:`memory_per_device`), rank the rest
 by modelled step time (:func:`step_time`), and say why the winner wins.
+Two more axes reuse that machinery: :func:`plan_context_parallel` (cp, long
+sequences) and :func:`plan_expert_parallel` (ep carved out of dp, mixture of experts).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from ..dims import ParallelDims
 from .comm import collective_time
 from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
-from .steptime import AXES, Cluster, Parallelism, StepTime, step_time
+from .moe import MoESpec, dispatch_buffer_bytes, memory_per_device_ep, moe_param_split
+from .steptime import AXES, Cluster, Parallelism, StepTime, group_link, step_time
 
 MICRO_BATCHES = (1, 2, 4, 8)
 ZERO = (0, 1, 2, 3)
@@ -121,16 +124,27 @@ def explain(best: Plan, plans: list[Plan]) -> str:
 CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
 
 
+def _grad_sync(num_params: float, ranks: int, link, par: Parallelism) -> float:
+    """Seconds of the all-reduce of this device's 16-bit gradients of ``num_params``
+    (``1/(tp pp)`` of them) over ``ranks`` ranks; 1.5x under ZeRO-3 (the parameters' gather)."""
+    if ranks == 1 or link is None:
+        return 0.0
+    d = par.dims
+    total = collective_time("all_reduce", 2 * num_params / (d.tp * d.pp), ranks, link)
+    return total * (1.5 if d.zero_stage == 3 else 1.0)
+
+
+def _exposed(total: float, microbatch_compute: float) -> float:
+    """What of a gradient sync the last micro-batch's backward (2/3 of its compute) leaves."""
+    return max(0.0, total - microbatch_compute * 2 / 3)
+
+
 def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatch_compute: float) -> float:
     """The gradient all-reduce over the ``dp x cp`` ranks less the last backward it hides."""
     d = par.dims
     ranks = d.dp * cp
-    if ranks == 1:
-        return 0.0
     link = cluster.intra if ranks * d.tp * d.pp <= cluster.gpus_per_node else cluster.inter
-    total = collective_time("all_reduce", 2 * shape.num_params / (d.tp * d.pp), ranks, link)
-    total *= 1.5 if d.zero_stage == 3 else 1.0
-    return max(0.0, total - microbatch_compute * 2 / 3)
+    return _exposed(_grad_sync(shape.num_params, ranks, link, par), microbatch_compute)
 
 
 @dataclass
@@ -187,3 +201,127 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
                          f"{cluster.memory_bytes / 1e9:g} GB per device with cp in {tuple(cps)}")
     found.sort(key=lambda p: (p.seconds, p.plan.memory["total"]))
     return found[:top] if top else found
+
+
+# ----------------------------------------------------------------------------
+# Expert parallelism for mixture-of-experts models (lecture_lib.costmodel.moe)
+# ----------------------------------------------------------------------------
+
+@dataclass
+class ExpertParallelPlan:
+    """A ``dp x tp x pp`` plan whose dp ranks form expert-parallel groups of ``ep``."""
+    ep: int
+    plan: Plan                 # compute, bubble, tp, pp and gradient sync; memory with experts
+    all_to_all: float          # seconds per step of the dispatch and combine all-to-alls
+    links: dict                # the link of the all-to-all and of each gradient sync
+
+    @property
+    def seconds(self) -> float:
+        return self.plan.seconds + self.all_to_all
+
+    def parts(self) -> dict:
+        return {**self.plan.time.parts(), "expert all-to-all": self.all_to_all}
+
+    def label(self) -> str:
+        par = self.plan.parallelism
+        return f"{replace(par.dims, ep=self.ep).label()} rc:{par.recompute} inner:{par.inner}"
+
+
+def expert_parallel_step(shape: TransformerShape, moe: MoESpec, ep: int, par: Parallelism,
+                         cluster: Cluster, global_batch: int, value_bytes: int = 2):
+    """``(StepTime, all-to-all seconds, links)`` of one step of the MoE model.
+
+    :func:`step_time` of the model's *active* parameters gives compute (``c k`` experts
+    per token), bubble, tensor- and pipeline-parallel time (the MoE layer's tp traffic
+    counted as the dense MLP's). The gradient sync is two all-reduces: the dense
+    gradients over ``dp`` ranks, the experts' over the ``dp/ep`` ranks holding the same
+    experts (one all-reduce at ``ep = 1``), hidden behind the last backward as far as it
+    goes. Each MoE layer adds 2 all-to-alls (dispatch, combine) forward and 2 backward
+    (6 with full recomputation) per micro-batch over the ``ep`` group, each rank sending
+    its ``b s / tp`` tokens (Megatron-Core runs MoE with tp under sequence parallelism)
+    ``k`` times, padded to the capacity factor; not overlapped with compute. Memory-bound
+    work, where a cluster models it, is counted on the active parameters only.
+    """
+    d = par.dims
+    if d.dp % ep:
+        raise ValueError(f"ep={ep} must divide dp={d.dp}: expert-parallel groups are carved "
+                         "out of the data-parallel ranks")
+    split = moe_param_split(shape, moe)
+    if moe.num_experts % ep:
+        raise ValueError(f"ep={ep} does not divide the {moe.num_experts} experts")
+    t = step_time(replace(shape, num_params=split["active"]), par, cluster, global_batch,
+                  value_bytes)
+    dp_link = group_link(par, "dp", cluster)
+    if ep == 1:
+        sync = _grad_sync(split["total"], d.dp, dp_link, par)
+    else:
+        sync = (_grad_sync(split["dense"], d.dp, dp_link, par)
+                + _grad_sync(split["expert"] / ep, d.dp // ep, dp_link, par))
+    pipelined = t.compute + t.details["memory-bound"].get("element-wise", 0.0)
+    t = replace(t, dp_comm=_exposed(sync, pipelined / t.microbatches))
+    ep_link = group_link(replace(par, dims=replace(d, dp=ep)), "dp", cluster)  # dp's fastest ep
+    a2a = 0.0
+    if ep_link:
+        tokens = moe.capacity_factor * d.microbatch_size * shape.seq_len / d.tp
+        one = collective_time("all_to_all", dispatch_buffer_bytes(tokens, shape.hidden, moe.k,
+                                                                   value_bytes), ep, ep_link)
+        per_layer = 6 if par.recompute == "full" else 4
+        a2a = t.microbatches * (moe.moe_layers(shape.layers) // d.pp) * per_layer * one
+    links = {"all-to-all": ep_link.name if ep_link else "-",
+             "gradients": dp_link.name if dp_link else "-"}
+    return t, a2a, links
+
+
+def plan_expert_parallel(shape: TransformerShape, moe: MoESpec, cluster: Cluster,
+                         global_batch: int, eps=None, top: int | None = None,
+                         devices: int | None = None) -> list:
+    """:func:`plan` for an MoE model with an ``ep`` axis carved out of dp, fastest first.
+
+    Megatron-Core and DeepSpeed-MoE lay expert parallelism out so: the ``ep`` ranks of a
+    group are ``ep`` adjacent data-parallel ranks (``ep`` divides dp; Megatron's separate
+    expert-tensor-parallel size is not modelled: experts split over tp like the dense
+    layers); a device holds ``E/ep`` experts (:func:`~.moe.memory_per_device_ep`); time
+    as :func:`expert_parallel_step`. ``eps``: every divisor of the experts unless given;
+    one that does not divide them raises.
+    """
+    devices = devices or cluster.devices
+    eps = tuple(_divisors(moe.num_experts)) if eps is None else tuple(eps)
+    bad = [e for e in eps if isinstance(e, bool) or not isinstance(e, int) or e < 1
+           or moe.num_experts % e]
+    if bad:
+        raise ValueError(f"ep in {bad} does not divide the {moe.num_experts} experts")
+    found = []
+    for par in candidates(shape, devices, global_batch, cluster.gpus_per_node):
+        d = par.dims
+        for ep in eps:
+            if d.dp % ep:
+                continue
+            mem = memory_per_device_ep(shape, moe, ep, d.dp, d.tp, d.pp, d.zero_stage,
+                                       d.microbatch_size, par.recompute)
+            if mem["total"] > cluster.memory_bytes:
+                continue
+            t, a2a, links = expert_parallel_step(shape, moe, ep, par, cluster, global_batch)
+            found.append(ExpertParallelPlan(ep, Plan(par, t, mem), a2a, links))
+    if not found:
+        raise ValueError(f"no configuration of the MoE {shape.name} on {devices} devices with "
+                         f"ep in {tuple(eps)} fits in {cluster.memory_bytes / 1e9:g} GB per device")
+    found.sort(key=lambda p: (p.seconds, p.plan.memory["total"]))
+    return found[:top] if top else found
+
+
+def explain_expert_parallel(best: ExpertParallelPlan, plans: list) -> str:
+    """Why the winner wins: its parts, then the best plan of each other ep and what it lost on."""
+    parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in best.parts().items() if v > 0)
+    mem = best.plan.memory
+    lines = [f"Best: {best.label()}: {best.seconds:.2f} s per step ({parts}); "
+             f"{mem['total'] / 1e9:.1f} GB per device, experts {mem['experts'] / 1e9:.1f} GB; "
+             f"all-to-all on {best.links['all-to-all']}."]
+    for ep in sorted({p.ep for p in plans} - {best.ep}):
+        other = next(p for p in plans if p.ep == ep)
+        diff = {k: other.parts()[k] - v for k, v in best.parts().items()}
+        worst = max(diff, key=diff.get)
+        more = (other.seconds - best.seconds) * 1e3
+        lines.append(f"  best with ep={ep}: {other.label()}: +{more:.0f} ms, mostly {worst} "
+                     f"(+{diff[worst] * 1e3:.0f} ms); "
+                     f"{other.plan.memory['total'] / 1e9:.1f} GB per device")
+    return "\n".join(lines)

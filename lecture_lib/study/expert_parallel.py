@@ -4,8 +4,9 @@ Q1: all-to-all bytes per token (costmodel.all_to_all_bytes; even routing);
 Q2: an MoE layer's parameters and FLOPs against one dense MLP (costmodel.moe_params,
 moe_flops_per_token; Kaplan et al. 2020, Switch Transformer);
 Q3: expert capacity and the tokens an overloaded expert drops (Switch, section 2.2);
-Q5: what if the router collapses onto one expert: the load-balancing loss (Switch, eq. 4,
-computed by the layer's own ``load_balancing_loss``) and the tokens dropped.
+Q5: what if the router nearly collapses onto one expert: the load-balancing loss (Switch,
+eq. 4, computed by the layer's own ``load_balancing_loss``), the tokens dropped, and the
+loss's gradient on the router's logits, which vanishes as the probability reaches 1.
 """
 from __future__ import annotations
 
@@ -39,24 +40,41 @@ def q3_capacity(tokens: int = 4096, experts: int = 8, factor: float = 1.25,
     return [f"{capacity} slots", f"{routed - capacity} tokens"]
 
 
-def _aux(probs: torch.Tensor, chosen: torch.Tensor) -> float:
+def _aux(probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     """Switch's E sum_e f_e P_e for one batch on one rank, top-1 (``chosen``: each token's
-    expert)."""
+    expert), differentiable through ``probs``."""
     tokens, experts = probs.shape
     counts = torch.bincount(chosen, minlength=experts).view(1, 1, experts)
-    return float(load_balancing_loss(probs, counts, probs.sum(0), tokens))
+    return load_balancing_loss(probs, counts, probs.detach().sum(0), tokens)
 
 
-def q5_collapsed_router(tokens: int = 4096, experts: int = 8, factor: float = 1.25) -> list[str]:
-    """Every token picks expert 0 with probability 1: the aux loss (its maximum, E), against
-    an even router's 1; expert 0's slots and the tokens dropped, top-1."""
-    collapsed = _aux(torch.eye(experts)[torch.zeros(tokens, dtype=torch.long)],
-                     torch.zeros(tokens, dtype=torch.long))
-    even = _aux(torch.full((tokens, experts), 1 / experts), torch.arange(tokens) % experts)
+def _collapsed(p0: float, tokens: int, experts: int) -> tuple[float, float]:
+    """Every token on expert 0 with router probability ``p0`` (the rest spread evenly): the
+    aux loss, and ``tokens x`` the gradient of the loss on one token's logit of expert 0
+    (autograd through the softmax: ``E p0 (1 - p0)``)."""
+    row = torch.full((experts,), (1 - p0) / (experts - 1), dtype=torch.float64)
+    row[0] = p0
+    logits = torch.log(row).repeat(tokens, 1).requires_grad_()
+    aux = _aux(torch.softmax(logits, -1), torch.zeros(tokens, dtype=torch.long))
+    aux.backward()
+    return float(aux.detach()), float(logits.grad[0, 0]) * tokens
+
+
+def q5_collapsed_router(tokens: int = 4096, experts: int = 8, factor: float = 1.25,
+                        p0: float = 0.99) -> list[str]:
+    """Near-collapse: every token picks expert 0 with probability ``p0``, top-1. The aux loss
+    against an even router's 1; expert 0's slots and the tokens dropped; the gradient the
+    loss puts on a token's logit of expert 0 (times T) at ``p0`` and at ``1 - (1 - p0)/10``:
+    it shrinks towards 0 as ``p0 -> 1`` (at exactly 1 the softmax's slope is 0)."""
+    aux, grad = _collapsed(p0, tokens, experts)
+    closer = 1 - (1 - p0) / 10
+    _, grad_closer = _collapsed(closer, tokens, experts)
+    even = float(_aux(torch.full((tokens, experts), 1 / experts), torch.arange(tokens) % experts))
     capacity = expert_capacity(tokens, experts, 1, factor)
     dropped = tokens - capacity
-    return [f"{collapsed:g} (its maximum, E)", f"an even router gives {even:g}",
-            f"{capacity} slots", f"{dropped} of {tokens} tokens", fmt(100 * dropped / tokens, "%")]
+    return [f"{aux:.3g}", f"an even router gives {even:g}", f"{capacity} slots",
+            f"{dropped} of {tokens} tokens", fmt(100 * dropped / tokens, "%"),
+            f"{grad:.3g} at p = {p0:g}", f"{grad_closer:.3g} at p = {closer:g}"]
 
 
 ANSWERS = {"Q1": q1_bytes_per_token, "Q2": q2_params_and_flops, "Q3": q3_capacity,
