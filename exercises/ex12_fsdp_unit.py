@@ -63,7 +63,7 @@ class FSDPUnit:
                 self.chunks.append(chunk)
                 self.shards.append(shard)
                 self.full.append(full)
-        self.pending = 0
+        self.grads_to_come = 0                  # gradients still to arrive this backward
         module.register_forward_pre_hook(lambda m, args: self.gather())
         module.register_forward_hook(self._after_forward)
 
@@ -85,12 +85,12 @@ class FSDPUnit:
 
     def _before_backward(self, grad):
         self.gather()
-        self.pending = len(self.full)
+        self.grads_to_come = len(self.full)
         return grad
 
     def _grad_ready(self, full) -> None:
-        self.pending -= 1
-        if self.pending == 0:                        # every gradient of the unit is in
+        self.grads_to_come -= 1
+        if self.grads_to_come == 0:                  # every gradient of the unit is in
             self.reduce_scatter_grads()
             self.free()
 

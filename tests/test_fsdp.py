@@ -295,14 +295,29 @@ def test_prefetch_shortens_the_emulated_step():
         # emulated time depends only on the program: a second run reads the same clock
         assert r["again"]["step_seconds"] == on["step_seconds"]
         assert r["again"]["spans"] == on["spans"]
-        # prefetch hides part of the all-gathers behind compute and the step gets shorter
-        assert on["hidden"] > 0 and off["hidden"] == 0
+        # prefetch hides part of the all-gathers behind compute and the step gets shorter;
+        # without it no all-gather is hidden (the reduce-scatters may be, either way)
+        assert on["hidden_gathers"] > 0 and off["hidden_gathers"] == 0
+        assert on["hidden"] > off["hidden"] >= off["hidden_gathers"]
         assert on["overlapped"] > 0 and off["overlapped"] == 0
         assert on["blocked"] < off["blocked"]
         assert on["step_seconds"][-1] < 0.9 * off["step_seconds"][-1]
-        # the same all-gathers either way (their time on the wire is the same)
-        wire = {pf: sum(b - a for a, b in r[pf]["wire"]) for pf in (True, False)}
-        assert len(on["wire"]) == len(off["wire"]) > 0
+        # the same collectives either way (their time on the wire is the same)
+        wire = {pf: sum(b - a for _, a, b in r[pf]["wire"]) for pf in (True, False)}
+        assert [k for k, *_ in on["wire"]].count("all_gather") > 0
+        assert sorted(k for k, *_ in on["wire"]) == sorted(k for k, *_ in off["wire"])
+        assert "reduce_scatter" in {k for k, *_ in on["wire"]}
         assert wire[True] == pytest.approx(wire[False], rel=1e-9)
+        # one definition of hidden, over every collective: the step's two streams span it,
+        # step = compute + communication - hidden = compute + waiting
+        for x in (on, off):
+            step = x["step_seconds"][-1]
+            compute = sum(b - a for a, b in x["compute"])
+            waiting = sum(b - a for a, b in x["idle"])
+            assert x["compute"][0][0] <= 1e-9 * step and x["compute"][-1][1] >= (1 - 1e-9) * step
+            comm = sum(b - a for _, a, b in x["wire"])
+            assert step == pytest.approx(compute + comm - x["hidden"], rel=1e-6)
+            assert step == pytest.approx(compute + waiting, rel=1e-6)
+            assert 0 <= x["hidden_gathers"] <= x["hidden"]
         # only timed, not changed: bit-identical losses with and without the emulation
         assert on["losses"] == off["losses"] == r["real"]["losses"]

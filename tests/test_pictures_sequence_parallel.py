@@ -30,8 +30,8 @@ def test_shapes_split_in_sequence_regions_whole_in_tensor_regions():
     steps = block_regions(seq=2048, batch=2, hidden=64, tp=4)
     for s in steps:
         if s["kind"] in (SP, AG):          # into a LayerNorm/dropout, or into the all-gather
-            assert s["shape_in"] == "[s/t, b, h]" and s["dims_in"] == (512, 2, 64), s
-        else:                              # into attention/MLP, or its partial sums into g-bar
+            assert s["shape_in"] == "[s/tp, b, h]" and s["dims_in"] == (512, 2, 64), s
+        else:                              # into attention/MLP, or its partial sums into g-bar-bar
             assert s["shape_in"].startswith("[s, b, h]") and s["dims_in"] == (2048, 2, 64), s
 
 
@@ -45,9 +45,14 @@ def test_as_many_collectives_as_the_cost_model_counts():
 def test_the_figure_writes_the_shapes_and_is_legible():
     fig, steps = draw_sequence_parallel(seq=2048, batch=1, hidden=64, tp=4)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert texts.count("[s/t, b, h]\n[512, 1, 64]") == 7          # 6 arrows in, one out
+    assert texts.count("[s/tp, b, h]\n[512, 1, 64]") == 7          # 6 arrows in, one out
     assert texts.count("[s, b, h]\n[2048, 1, 64]") == 2
-    assert sum(t.startswith("g-bar\nfwd: reduce-scatter") for t in texts) == 2
+    # the course's names (notebook 04): g-bar all-gathers in, g-bar-bar reduce-scatters out;
+    # f and g stay Megatron's all-reduce pair, and the TP size is tp, never t
+    assert sum(t.startswith("$\\bar{\\bar g}$\nfwd: reduce-scatter") for t in texts) == 2
+    assert sum(t.startswith("$\\bar g$\nfwd: all-gather") for t in texts) == 2
+    assert not any(t.startswith(("g\n", "g-bar")) or "s/t," in t or "t = " in t for t in texts)
+    assert "tp = 4" in fig.axes[0].get_title()
     check_figure(fig)
     plt.close(fig)
 

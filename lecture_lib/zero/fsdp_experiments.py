@@ -15,8 +15,10 @@
 * :func:`fsdp_timeline_emulated`: the same experiment in the virtual time of
   an accelerator cluster (:func:`lecture_lib.emulate.emulated`, e.g. H100s on
   NVLink), where the compute is fast enough for the all-gathers to matter and
-  prefetching hides them; it adds the all-gathers' time on the wire (the
-  emulated communication stream) and the part of it hidden behind compute.
+  prefetching hides them; it adds the last step's two emulated streams (compute,
+  waiting, every collective on the wire) and ``hidden``, the time a collective is on
+  the wire while the compute stream is busy (all-gathers and reduce-scatters alike;
+  ``hidden_gathers`` the all-gathers' part): the step is compute + communication - hidden.
 * :func:`measure_step_time_emulated`: one step of plain data parallelism
   (one all-reduce after backward), ZeRO-1, ZeRO-2 and ZeRO-3 in emulated time,
   split into compute, communication and the part of it hidden behind compute,
@@ -191,32 +193,45 @@ def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=
             "units": [u.name for u in model.units()]}
 
 
-def _busy_overlap(span, busy) -> float:
-    a, b = span
-    return sum(max(0.0, min(b, d) - max(a, c)) for c, d in busy)
+def both_busy(xs, ys) -> list[tuple[float, float]]:
+    """The intervals during which a span of ``xs`` and a span of ``ys`` run at once.
+
+    Each list holds one stream's spans (which do not overlap one another), so the intervals
+    do not overlap either and their lengths add up.
+    """
+    return [(max(a, c), min(b, d)) for a, b in xs for c, d in ys if min(b, d) > max(a, c)]
 
 
 def fsdp_timeline_emulated(make_model, batches, steps: int, prefetch: bool,
                            preset="h100-node", group=None, **fsdp_kwargs) -> dict:
     """Rank function: :func:`fsdp_timeline` run under ``emulate.emulated(preset)``.
 
-    Everything :func:`fsdp_timeline` returns, in emulated seconds, plus ``wire``
-    (the last step's all-gathers on the emulated communication stream,
-    ``[(start, end)]``), ``hidden`` (seconds of them while the compute stream was
-    busy) and ``time_kind`` (e.g. "emulated H100 + NVLink").
+    Everything :func:`fsdp_timeline` returns, in emulated seconds, plus the last step's two
+    emulated streams, each span cut to the step, in seconds since its start:
+    ``compute`` (the compute stream's kernels, ``[(start, end)]``), ``idle`` (the compute
+    stream waiting for a collective), ``wire`` (every collective on the communication
+    stream, ``[(kind, start, end)]``: the all-gathers, the gradients' reduce-scatters, the
+    replicated parameters' all-reduce); ``hidden``: the seconds during which a collective,
+    any of them, is on the wire while the compute stream is busy, so that the step is
+    compute + communication - hidden (= compute + waiting); ``hidden_gathers``: the part of
+    ``hidden`` that is all-gathers; and ``time_kind`` (e.g. "emulated H100 + NVLink").
     """
     timer = Timer()
     with emulate.emulated(preset) as clock:
         timer.reset()                         # t0 on the emulated clock
         out = fsdp_timeline(make_model, batches, steps, prefetch, timer, group, **fsdp_kwargs)
         clock.resolve()
-    t0 = timer.t0_emulated
-    start = t0 + out["step_start"]
-    wire = [(a - t0, b - t0) for kind, a, b, text in clock.spans
-            if kind == "comm" and text == "all_gather" and a >= start]
-    busy = [(a - t0, b - t0) for kind, a, b, _ in clock.spans
-            if kind not in ("comm", "idle") and b > start]
-    out.update(wire=wire, hidden=sum(_busy_overlap(w, busy) for w in wire),
+    start = timer.t0_emulated + out["step_start"]
+    end = start + out["step_seconds"][-1]
+    inside = [(kind, max(a, start) - start, min(b, end) - start, text)
+              for kind, a, b, text in clock.spans if b > start and a < end]
+    compute = [(a, b) for kind, a, b, _ in inside if kind not in ("comm", "idle")]
+    wire = [(text, a, b) for kind, a, b, text in inside if kind == "comm"]
+    gathers = [(a, b) for text, a, b in wire if text == "all_gather"]
+    out.update(compute=compute, idle=[(a, b) for kind, a, b, _ in inside if kind == "idle"],
+               wire=wire,
+               hidden=sum(b - a for a, b in both_busy([(a, b) for _, a, b in wire], compute)),
+               hidden_gathers=sum(b - a for a, b in both_busy(gathers, compute)),
                time_kind=timer.time_kind)
     return out
 

@@ -1,12 +1,15 @@
-"""Sequence parallelism: the regions of one transformer block and the collectives between them.
+r"""Sequence parallelism: the regions of one transformer block and the collectives between them.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
 arXiv:2205.05198, section 4.2.2 and Fig. 5): under tensor parallelism the layer norms, dropouts
 and residual additions are computed whole on every rank, so their activations are stored
-``t`` times. Sequence parallelism splits those regions along the sequence, ``[s/t, b, h]``
+``tp`` times. Sequence parallelism splits those regions along the sequence, ``[s/tp, b, h]``
 per rank. Entering a tensor-parallel region (attention, MLP) the sequence is all-gathered,
-``g`` (all-gather forward, reduce-scatter backward); leaving it, the partial sums are
-reduce-scattered along the sequence, ``g-bar`` (reduce-scatter forward, all-gather backward).
+:math:`\bar g` (all-gather forward, reduce-scatter backward); leaving it, the partial sums are
+reduce-scattered along the sequence, :math:`\bar{\bar g}` (reduce-scatter forward, all-gather
+backward). The names are the course's (notebook 04): the paper calls this pair ``g`` and
+``g-bar``, and its ``t`` is the course's ``tp``; the course keeps ``f`` and ``g`` for Megatron's
+all-reduce pair (Shoeybi et al. 2019).
 An all-reduce is a reduce-scatter followed by an all-gather, so the bytes are those of plain
 tensor parallelism. The operators are the library's
 (:mod:`lecture_lib.tensor_parallel.comm`); shapes follow the paper's ``[s, b, h]`` order (the
@@ -25,9 +28,9 @@ from ..plots import COLORS
 
 REGION_COLORS = {"sequence parallel": "#E8F0E0", "tensor parallel": "#DCE6F2",
                  "all_gather": COLORS["comm"], "reduce_scatter": COLORS["comm"]}
-G = ("all_gather", "g\nfwd: all-gather\nbwd: reduce-scatter",
+G_BAR = ("all_gather", "$\\bar g$\nfwd: all-gather\nbwd: reduce-scatter",
      AllGatherFromSequenceParallelRegion.__name__)
-G_BAR = ("reduce_scatter", "g-bar\nfwd: reduce-scatter\nbwd: all-gather",
+G_BARBAR = ("reduce_scatter", "$\\bar{\\bar g}$\nfwd: reduce-scatter\nbwd: all-gather",
          ReduceScatterToSequenceParallelRegion.__name__)
 
 
@@ -42,13 +45,13 @@ def block_regions(seq: int, batch: int, hidden: int, tp: int) -> list[dict]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
     check_divisible("sequence parallelism", "seq", seq, tp)
-    split = ("[s/t, b, h]", (seq // tp, batch, hidden))
+    split = ("[s/tp, b, h]", (seq // tp, batch, hidden))
     whole = ("[s, b, h]", (seq, batch, hidden))
     partial = ("[s, b, h] partial", (seq, batch, hidden))      # one partial sum per rank
     steps = []
     for tp_name in ("self-attention\n(heads split)", "MLP\n(W1 cols, W2 rows)"):
-        steps += [("sequence parallel", "LayerNorm", split), (*G[:2], split, G[2]),
-                  ("tensor parallel", tp_name, whole), (*G_BAR[:2], partial, G_BAR[2]),
+        steps += [("sequence parallel", "LayerNorm", split), (*G_BAR[:2], split, G_BAR[2]),
+                  ("tensor parallel", tp_name, whole), (*G_BARBAR[:2], partial, G_BARBAR[2]),
                   ("sequence parallel", "dropout\n+ residual", split)]
     out = []
     for kind, name, (shape, dims), *function in steps:
@@ -76,15 +79,16 @@ def draw_sequence_parallel(seq: int = 2048, batch: int = 1, hidden: int = 64, tp
                     arrowprops={"arrowstyle": "->", "color": "0.3"})
     ax.annotate("", (half - 0.38, -1.8), (half - 0.64, -1.8),
                 arrowprops={"arrowstyle": "->", "color": "0.3"})
-    ax.text(half - 0.5, -1.18, f"[s/t, b, h]\n{list(steps[-1]['dims_in'])}", ha="center",
+    ax.text(half - 0.5, -1.18, f"[s/tp, b, h]\n{list(steps[-1]['dims_in'])}", ha="center",
             va="center", fontsize=8, family="monospace")
     for x, label in ((0.0, "sequence-parallel region"), (2.0, "tensor-parallel region")):
         ax.text(x, -2.65, label, ha="center", fontsize=8, color="0.3",
                 bbox={"facecolor": REGION_COLORS["sequence parallel" if x == 0 else
                                                   "tensor parallel"], "edgecolor": "0.5"})
-    ax.text(3.0, -2.65, "s = sequence, b = micro-batch, h = hidden, t = tp; red: collectives",
+    ax.text(3.0, -2.65, "s = sequence, b = micro-batch, h = hidden, tp = tensor-parallel size; "
+            "red: collectives",
             ha="left", fontsize=8, color="0.3")
-    ax.set_title(f"one transformer block, tensor + sequence parallelism, t = {tp} "
+    ax.set_title(f"one transformer block, tensor + sequence parallelism, tp = {tp} "
                  "(Korthikanti et al. 2022, Fig. 5); row 2 continues row 1", fontsize=10)
     fig.tight_layout()
     return fig, steps
