@@ -28,11 +28,11 @@ on a stream of their own. Predict how long one step takes.
    in length or are empty, or any time or size is negative.
 
 3. On paper: notebook 02b reads the emulated step against Li et al.'s closed form
-   ``T ~= T_fwd + max(T_bwd, T_comm - T_last) + T_last + T_opt`` (``T_comm`` all
-   the all-reduces, ``T_last`` the last bucket's). Write the end of the last
-   all-reduce in closed form (the communication stream is a queue), then say:
-   can the step be shorter than this formula? When is the formula exact, and
-   by how much can it be off? (The tests check your step against the queue's
+   ``t_step ~= t_fwd + max(t_bwd, t_comm - t_last) + t_last + t_opt`` (times ``t``
+   in seconds; ``t_comm`` all the all-reduces, ``t_last`` the last bucket's).
+   Write the end of the last all-reduce in closed form (the communication stream
+   is a queue), then say: can the step be shorter than this formula? When is the
+   formula exact, and by how much can it be off? (The tests check your step against the queue's
    closed form, by-hand cases and the emulation itself, within 5%.)
 """
 

@@ -25,11 +25,11 @@ on a stream of their own. Predict how long one step takes.
    in length or are empty, or any time or size is negative.
 
 3. On paper: notebook 02b reads the emulated step against Li et al.'s closed form
-   ``T ~= T_fwd + max(T_bwd, T_comm - T_last) + T_last + T_opt`` (``T_comm`` all
-   the all-reduces, ``T_last`` the last bucket's). Write the end of the last
-   all-reduce in closed form (the communication stream is a queue), then say:
-   can the step be shorter than this formula? When is the formula exact, and
-   by how much can it be off? (The tests check your step against the queue's
+   ``t_step ~= t_fwd + max(t_bwd, t_comm - t_last) + t_last + t_opt`` (times ``t``
+   in seconds; ``t_comm`` all the all-reduces, ``t_last`` the last bucket's).
+   Write the end of the last all-reduce in closed form (the communication stream
+   is a queue), then say: can the step be shorter than this formula? When is the
+   formula exact, and by how much can it be off? (The tests check your step against the queue's
    closed form, by-hand cases and the emulation itself, within 5%.)
 """
 
@@ -61,27 +61,27 @@ def bucketed_step_seconds(forward, backward_per_bucket, bucket_bytes, optimizer,
     a queue, so the last all-reduce ends at ``max_i (r_i + c_i + ... + c_last)``
     (some bucket ``i`` starts a busy stretch that lasts to the end), and
 
-        T_step = max_i (r_i + c_i + ... + c_last) + O.
+        t_step = max_i (r_i + c_i + ... + c_last) + O.
 
     The ``i = last`` term is ``F + B + c_last``; the ``i = 0`` term is
     ``r_0 + C >= F + C``. Keeping only these two gives
 
-        T_step >= F + max(B, C - c_last) + c_last + O      (Li et al.'s model)
+        t_step >= F + max(B, C - c_last) + c_last + O      (Li et al.'s model)
 
-    which is therefore a lower bound, and T_step <= F + B + C + O (no overlap) =
+    which is therefore a lower bound, and t_step <= F + B + C + O (no overlap) =
     the bound plus ``min(B, C - c_last)``. It is exact exactly when one of the two
     kept terms is the largest:
 
     * the ``i = last`` term (backward-bound): for every ``i`` the all-reduces of
       buckets ``i..last-1`` fit in the backward of buckets ``i+1..last``, so the
       communication stream has caught up when backward ends and only the last
-      bucket is exposed: T_step = F + B + c_last + O;
+      bucket is exposed: t_step = F + B + c_last + O;
     * the ``i = 0`` term with ``b_0 = 0`` (the first bucket ready as backward
       starts). When the stream never idles from the first bucket on
-      (communication-bound) T_step = F + b_0 + C + O: the model misses ``b_0``.
+      (communication-bound) t_step = F + b_0 + C + O: the model misses ``b_0``.
 
     In between, a backward-heavy start followed by communication-heavy buckets
-    puts the model below T_step by up to ``min(B, C - c_last)``; one bucket
+    puts the model below t_step by up to ``min(B, C - c_last)``; one bucket
     (``c_last = C``) overlaps nothing and the model is exact: F + B + C + O.
     """
     backward_per_bucket, bucket_bytes = list(backward_per_bucket), list(bucket_bytes)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lecture_lib import costmodel, metrics
+from lecture_lib.costmodel.comm import naive_all_reduce_time
 from lecture_lib.models import GPT, GPTConfig, MarkovText
 
 
@@ -68,6 +69,22 @@ def test_collective_time_and_fit_round_trip():
     assert alpha == pytest.approx(2e-5, rel=1e-6) and beta == pytest.approx(3e9, rel=1e-6)
     with pytest.raises(ValueError):
         costmodel.fit_alpha_beta([1.0], [1.0])
+
+
+def test_naive_all_reduce_time_against_the_ring():
+    link = costmodel.Link("test", alpha=1e-5, beta=1e9)
+    assert naive_all_reduce_time(1e6, 1, link) == 0
+    # two latencies; the root's link carries 2 (p-1) whole buffers
+    assert naive_all_reduce_time(4e6, 4, link) == pytest.approx(2e-5 + 6 * 4e6 / 1e9)
+    latency_only = costmodel.Link("latency", alpha=1.0, beta=float("inf"))
+    bandwidth_only = costmodel.Link("bandwidth", alpha=0.0, beta=1.0)
+    for p in (2, 4, 8):      # fewer latencies than the ring's 2 (p-1); p times its bytes
+        assert naive_all_reduce_time(1.0, p, latency_only) == 2
+        assert naive_all_reduce_time(1.0, p, bandwidth_only) == pytest.approx(
+            p * costmodel.collective_time("all_reduce", 1.0, p, bandwidth_only))
+    for bad in [(-1.0, 2), (1.0, 0)]:
+        with pytest.raises(ValueError):
+            naive_all_reduce_time(*bad, link)
 
 
 def test_training_days_inverts_mfu_and_gives_llama3s_budget():

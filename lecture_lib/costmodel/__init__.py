@@ -10,7 +10,7 @@ One submodule per kind of cost; the names below are re-exported here.
   per device under expert parallelism.
 * :mod:`.context_parallel`: activations under cp, ring vs Ulysses bytes, exposed ring time.
 * :mod:`.traffic`: memory-bound work (element-wise ops, optimizer, gradient buffer) in bytes.
-* :mod:`.flops`: training FLOPs per token (``6 N + 12 L T d``), MFU, training days.
+* :mod:`.flops`: training FLOPs per token (``6 N + 12 L s h``), MFU, training days.
 * :mod:`.steptime`: step time of 3-D parallel training on a two-tier network.
 * :mod:`.planner`: search the configurations that fit, rank them by step time (cp and
   ep axes included).

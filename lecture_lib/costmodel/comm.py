@@ -16,6 +16,10 @@ bandwidth", nccl-tests doc/PERFORMANCE.md):
 ``n`` is the size of the whole buffer (all-reduce input; reduce-scatter input;
 all-gather output). :func:`bus_factor` is the bandwidth factor alone:
 bus bandwidth = algorithm bandwidth x bus_factor.
+
+:func:`naive_all_reduce_time` is the root-based all-reduce against which the ring is
+measured (notebook 01): two rounds, ``2 alpha + 2 (p-1) n / beta``, all of its bytes on
+the root's link.
 """
 from __future__ import annotations
 
@@ -74,6 +78,20 @@ def collective_time(kind: str, nbytes: float, world_size: int, link: Link) -> fl
         return 0.0
     steps = _STEPS.get(kind, 0) * (world_size - 1)
     return steps * link.alpha + bus_factor(kind, world_size) * nbytes / link.beta
+
+
+def naive_all_reduce_time(nbytes: float, world_size: int, link: Link) -> float:
+    """Seconds for the naive all-reduce on ``link``: every rank sends its whole buffer to the
+    root, the root sends the sum back. Two rounds (the ``p - 1`` messages of a round are in
+    flight at once: their latencies overlap), and the root's one link carries ``2 (p - 1)``
+    whole buffers: ``2 alpha + 2 (p - 1) n / beta``."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, not {nbytes}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, not {world_size}")
+    if world_size == 1:
+        return 0.0
+    return 2 * link.alpha + 2 * (world_size - 1) * nbytes / link.beta
 
 
 def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:

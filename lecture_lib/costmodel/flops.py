@@ -1,6 +1,6 @@
 """Training FLOPs per token, and model FLOPs utilisation (MFU): each formula written once.
 
-* :func:`model_flops_per_token`: ``6 N + 12 L T d`` FLOPs per token for forward and
+* :func:`model_flops_per_token`: ``6 N + 12 L s h`` FLOPs per token for forward and
   backward (Chowdhery et al. 2022, "PaLM", appendix B; Kaplan et al. 2020, section
   2.1, for ``6 N``; Korthikanti et al. 2022 for the attention term). The step-time
   model (:func:`.steptime.training_flops`), MFU and the capstone all count with it.
@@ -8,8 +8,12 @@
   counted on the model itself (its token and position embeddings left out), and the
   FLOPs per token of the course's GPT (:class:`lecture_lib.models.GPT`; built on the
   ``meta`` device it costs no memory).
-* :func:`mfu`: achieved model FLOP/s over the devices' peak; :func:`training_days`,
-  the same identity solved for time (``6 N D`` FLOPs for ``D`` tokens).
+* :func:`mfu`: achieved model FLOP/s over the devices' peak, ``6 N T / (t R_peak)`` for
+  ``T`` tokens in ``t`` seconds; :func:`training_days`, the same identity solved for time
+  (``6 N D`` FLOPs for ``D`` tokens).
+
+Notation (the course's): ``N`` non-embedding parameters, ``L`` layers, ``s`` sequence
+length, ``h`` hidden size (``d_model``), ``T`` tokens, ``t`` time in seconds.
 """
 from __future__ import annotations
 
@@ -22,12 +26,13 @@ EMBEDDINGS = ("tok_emb.weight", "pos_emb.weight")
 
 def model_flops_per_token(n_params: float, n_layers: int = 0, seq_len: int = 0,
                           d_model: int = 0) -> float:
-    """Training FLOPs per token: ``6 N + 12 L T d`` (Chowdhery et al. 2022, appendix B).
+    """Training FLOPs per token: ``6 N + 12 L s h`` (Chowdhery et al. 2022, appendix B).
 
     ``6 N``: a multiply-add (2 FLOPs) per parameter forward, twice that backward;
-    ``12 L T d``: the attention scores and their weighted sum (``Q K^T`` and
-    ``A V``, ``2 T d`` FLOPs each per token and layer forward, times 3 with the
-    backward), which no parameter accounts for. ``N`` excludes the embedding
+    ``12 L s h``: the attention scores and their weighted sum (``Q K^T`` and
+    ``A V``, ``2 s h`` FLOPs each per token and layer forward, for sequence length
+    ``s`` and hidden size ``h``, times 3 with the backward), which no parameter
+    accounts for. ``N`` excludes the embedding
     tables by convention (they do a lookup, not a matmul). Recomputation is
     not counted: this is *model* FLOPs, not hardware FLOPs.
     """
@@ -48,7 +53,8 @@ def non_embedding_params(model) -> int:
 
 def gpt_flops_per_token(model) -> float:
     """:func:`model_flops_per_token` of the course's GPT: ``N`` counted on ``model``
-    (:func:`non_embedding_params`), ``L``, ``T`` and ``d`` from ``model.cfg``."""
+    (:func:`non_embedding_params`), ``L``, ``s`` and ``h`` from ``model.cfg`` (``n_layers``,
+    ``seq_len``, ``d_model``)."""
     cfg = model.cfg
     return model_flops_per_token(non_embedding_params(model), cfg.n_layers, cfg.seq_len,
                                  cfg.d_model)
@@ -56,10 +62,12 @@ def gpt_flops_per_token(model) -> float:
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,
         devices: int = 1) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak.
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak,
+    ``6 N T / (t R_peak)`` with ``flops_per_token = 6 N`` (plus attention's term).
 
-    ``tokens_per_s`` is the whole job's throughput, ``peak_flops`` one device's
-    dense peak (e.g. ``emulate.H100_SXM.bf16_flops``).
+    ``tokens_per_s`` is the whole job's throughput (``T / t``), ``peak_flops`` one
+    device's dense peak ``R_peak`` (e.g. ``emulate.H100_SXM.bf16_flops``): which peak is
+    the caller's choice, so say it beside the MFU.
     """
     if not tokens_per_s >= 0 or not flops_per_token > 0 or not peak_flops > 0 or devices < 1:
         raise ValueError("mfu needs tokens_per_s >= 0, flops_per_token > 0, peak_flops > 0 "
@@ -69,7 +77,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float,
 
 def training_days(flops_per_token: float, tokens: float, peak_flops: float, devices: int,
                   mfu_value: float) -> float:
-    """Days to train on ``tokens`` tokens: ``tokens * flops_per_token / (devices * peak * MFU)``.
+    """Days to train on ``tokens`` tokens (``D``): ``D * flops_per_token / (devices * peak * MFU)``.
 
     :func:`mfu` solved for time: at utilisation ``mfu_value`` the job does
     ``devices * peak_flops * mfu_value`` model FLOP/s. With ``flops_per_token = 6 N``

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..costmodel import NVLINK_H100, Link, bus_factor, collective_time
+from ..costmodel.comm import naive_all_reduce_time
 from . import fmt
 
 GRADIENT_BYTES = 4e9         # 1e9 fp32 gradients
@@ -38,12 +39,6 @@ def q4_algbw_busbw() -> list[str]:
     nbytes, seconds, p = 64 * 2 ** 20, 0.25, 4
     algbw = nbytes / seconds
     return [fmt(algbw / 1e6, "MB/s"), fmt(algbw * bus_factor("all_reduce", p) / 1e6, "MB/s")]
-
-
-def naive_all_reduce_time(nbytes: float, p: int, link: Link) -> float:
-    """The naive all-reduce in the alpha-beta model: two rounds (every rank sends to the root,
-    the root sends the sum back), the root's one link carrying ``2 (p - 1)`` whole buffers."""
-    return 2 * link.alpha + 2 * (p - 1) * nbytes / link.beta
 
 
 def q5_naive_vs_ring() -> list[str]:

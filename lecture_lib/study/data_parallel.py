@@ -1,14 +1,14 @@
 """The data-parallel notebook's hand calculations: global batch, per-call latency, bucket size.
 
-* Q2: the global batch identity ``B = b x k x dp`` (micro-batch, accumulation steps,
+* Q2: the global batch identity ``B = b x m x dp`` (micro-batch, accumulation steps,
   data-parallel degree; Goyal et al. 2017 train with the global batch as the unit;
   PyTorch DDP's ``no_sync`` accumulates micro-batches locally).
 * Q3: the latency of ``naive`` DDP, one ring all-reduce per parameter tensor against one
   flat all-reduce: ``2 (p-1) alpha`` each (Thakur et al. 2005; ``costmodel.collective_time``
   with zero bytes).
-* Q4: CS336's bucket model, best bucket ``sqrt(s w o)`` (``costmodel.best_bucket_bytes``),
-  with the ring's ``o = 2 (p-1) alpha`` and ``w = beta p / (2 (p-1))`` on NVLink, so
-  ``s w o = s alpha beta p``.
+* Q4: CS336's bucket model, best bucket ``sqrt(n w o)`` for ``n`` bytes of gradients
+  (``costmodel.best_bucket_bytes``), with the ring's ``o = 2 (p-1) alpha`` and
+  ``w = beta p / (2 (p-1))`` on NVLink, so ``n w o = n alpha beta p``.
 * Q5 (what if): the same model on half the GPUs: the best bucket scales as ``sqrt(p)``.
 """
 from __future__ import annotations
@@ -53,16 +53,16 @@ def q3() -> list[str]:
 
 
 def q4() -> list[str]:
-    s = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
+    n = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
     o, w = ring_bucket_constants(BUCKET_GPUS)
-    return [fmt(s / 1e9, "GB"), fmt(o * 1e6, "us"), fmt(w / 1e9, "GB/s"),
-            fmt(best_ring_bucket(s, BUCKET_GPUS) / 1e6, "MB")]
+    return [fmt(n / 1e9, "GB"), fmt(o * 1e6, "us"), fmt(w / 1e9, "GB/s"),
+            fmt(best_ring_bucket(n, BUCKET_GPUS) / 1e6, "MB")]
 
 
 def q5() -> list[str]:
-    s = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
+    n = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
     o, w = ring_bucket_constants(WHAT_IF_GPUS)
-    full, half = best_ring_bucket(s, BUCKET_GPUS), best_ring_bucket(s, WHAT_IF_GPUS)
+    full, half = best_ring_bucket(n, BUCKET_GPUS), best_ring_bucket(n, WHAT_IF_GPUS)
     assert math.isclose(full / half, math.sqrt(BUCKET_GPUS / WHAT_IF_GPUS))
     return [fmt(o * 1e6, "us"), fmt(w / 1e9, "GB/s"), fmt(half / 1e6, "MB"),
             f"{full / half:.2f}x"]

@@ -1,7 +1,8 @@
 """The emulated data-parallel notebook: when backward hides DDP's all-reduces; the ring.
 
-* Q1: backward hides all but the last bucket when ``T_bwd >= T_comm - T_last``; with
-  ``T_bwd = t_tok x tokens per rank`` that is ``tokens >= (T_comm - T_last) / t_tok``.
+* Q1: backward hides all but the last bucket when ``t_bwd >= t_comm - t_last`` (times in
+  seconds); with ``t_bwd = t_token x T``, ``T`` tokens per rank, that is
+  ``T >= (t_comm - t_last) / t_token``.
   Backward costs ``4 N`` FLOPs per token (twice the forward's ``2 N``; Kaplan et al. 2020),
   run at ``EFFICIENCY`` of the H100's dense bf16 peak (``costmodel.H100_BF16_FLOPS``); each
   bucket's all-reduce costs the ring's ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink
@@ -26,7 +27,7 @@ NCCL_BUCKET, NCCL_SIZES = 25e6, (8, 2)
 
 
 def hiding_threshold() -> dict:
-    """T_comm, T_last, backward seconds per token, and the tokens per rank that hide the rest."""
+    """t_comm, t_last, backward seconds per token, and the tokens per rank that hide the rest."""
     total = PARAMS * GRAD_BYTES
     buckets = math.ceil(total / BUCKET_BYTES)
     last = total - (buckets - 1) * BUCKET_BYTES
