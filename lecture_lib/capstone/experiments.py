@@ -52,7 +52,9 @@ def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
             "world_size": cfg.world_size, "losses": r0["losses"],
             "tokens_per_s": r0["tokens_per_s"],
             "step_seconds": statistics.median(r0["step_seconds"][1:] or r0["step_seconds"]),
-            "mfu": last["mfu"], "peak_flops": r0["peak_flops"],
+            # MFU of the same median step as tokens_per_s (the log's MFU is of its last steps)
+            "mfu": last["mfu"] * r0["tokens_per_s"] / last["tokens_per_s"],
+            "peak_flops": r0["peak_flops"],
             "peak_bytes": last["peak_bytes"], "held": last["held"],
             "comm_share": shares, "comm_bytes": [r["comm_bytes"] for r in results],
             "comm_sent_bytes": [r["comm_sent_bytes"] for r in results],
@@ -67,7 +69,8 @@ def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
     Every run shares the model, tokens, global batch, steps, learning rate and data
     order of ``base``; a checkpoint folder is not used. Each row: ``name``,
     ``strategy``, ``grid``, ``world_size``, ``losses``, ``tokens_per_s``,
-    ``step_seconds`` (median after the first), ``mfu``, ``peak_bytes`` and ``held``
+    ``step_seconds`` (median after the first), ``mfu`` (of that median step, against
+    ``peak_flops``), ``peak_bytes`` and ``held``
     (per rank, at the last logged step), ``comm_share`` (per rank: recorded
     collective seconds over step seconds, pipeline sends included), ``comm_bytes``,
     ``comm_sent_bytes``, ``comm`` (per rank: ``CommLog.summary()``), ``val_losses``,

@@ -9,12 +9,10 @@ the notebook's one-process run with a batch 8 times larger (``emulate``'s ``h100
 """
 from __future__ import annotations
 
-import torch
-
-from lecture_lib import emulate, metrics
+from lecture_lib import metrics
+from lecture_lib.capstone import launches
 from lecture_lib.capstone.train import cpu_gpt
 from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
-from lecture_lib.models import GPT
 from lecture_lib.study import fmt
 
 TOKENS = 10_000_000_000
@@ -50,26 +48,19 @@ def q3() -> list[str]:
 
 def emulated_step(batch: int) -> float:
     """Emulated seconds of a forward + backward + AdamW step of the notebook's model on
-    ``batch`` sequences, on the ``h100-node`` preset (eager): the second step, as the notebook's
-    table times it (the first creates AdamW's state). Emulated time depends on shapes only."""
+    ``batch`` sequences laid out as its loader gives them, on the ``h100-node`` preset (eager):
+    ``capstone.launches.emulated_step``, the function the notebook's table runs. Emulated time
+    depends on shapes and layouts only, not on the token values."""
     cfg = cpu_gpt(VOCAB)
-    model = GPT(cfg, 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    tokens = torch.randint(VOCAB, (batch, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    for _ in range(2):
-        opt.zero_grad()
-        with emulate.emulated("h100-node") as clock:
-            model(tokens, tokens).backward()
-            opt.step()
-            end = clock.synchronize()
-    return end
+    x, y = launches.loader_layout_batch(cfg, batch)
+    return launches.emulated_step(cfg, x, y, "h100-node", lr=LR)["step"]
 
 
 def q5() -> list[str]:
     """What if the launch-bound step's batch were 8 times larger: its time and its MFU."""
     small, large = emulated_step(BATCH), emulated_step(BIGGER * BATCH)
     assert large < 1.5 * small                      # launch-bound: the batch hardly shows
-    return [fmt(small * 1e6, "us"), fmt(large * 1e6, "us"), f"{large / small:.2f}",
+    return [fmt(small * 1e6, "us", 4), fmt(large * 1e6, "us", 4), f"{large / small:.2f}",
             f"{BIGGER * small / large:.1f}x"]
 
 
