@@ -4,9 +4,10 @@ Q1: all-to-all bytes per token (costmodel.all_to_all_bytes; even routing);
 Q2: an MoE layer's parameters and FLOPs against one dense MLP (costmodel.moe_params,
 moe_flops_per_token; Kaplan et al. 2020, Switch Transformer);
 Q3: expert capacity and the tokens an overloaded expert drops (Switch, section 2.2);
-Q5: what if the router nearly collapses onto one expert: the load-balancing loss (Switch,
-eq. 4, computed by the layer's own ``load_balancing_loss``), the tokens dropped, and the
-loss's gradient on the router's logits, which vanishes as the probability reaches 1.
+Q5: what if the router nearly collapses onto one expert (router probability pi, ``p0`` in
+the code; the notebook's p counts ranks): the load-balancing loss (Switch, eq. 4, computed by
+the layer's own ``load_balancing_loss``), the tokens dropped, and the loss's gradient on the
+router's logits, which vanishes as the probability reaches 1.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ def q1_bytes_per_token(hidden: int = 7168, k: int = 8, ranks: int = 64,
     return [fmt(one / 2**10, "KiB"), fmt(4 * one / 2**10, "KiB")]
 
 
-def q2_params_and_flops(d: int = 768, f: int = 3072, experts: int = 64, k: int = 2) -> list[str]:
-    """The MoE layer's parameters and forward FLOPs per token, as multiples of one MLP's."""
-    dense_flops = 2 * (2 * d * f)
-    return [fmt(moe_params(d, f, experts) / mlp_params(d, f), "x"),
-            fmt(moe_flops_per_token(d, f, experts, k) / dense_flops, "x")]
+def q2_params_and_flops(h: int = 768, d_ff: int = 3072, experts: int = 64, k: int = 2) -> list[str]:
+    """The MoE layer's parameters and forward FLOPs per token, as multiples of one MLP's
+    (hidden size ``h``, inner width ``d_ff``)."""
+    dense_flops = 2 * (2 * h * d_ff)
+    return [fmt(moe_params(h, d_ff, experts) / mlp_params(h, d_ff), "x"),
+            fmt(moe_flops_per_token(h, d_ff, experts, k) / dense_flops, "x")]
 
 
 def q3_capacity(tokens: int = 4096, experts: int = 8, factor: float = 1.25,
@@ -74,7 +76,7 @@ def q5_collapsed_router(tokens: int = 4096, experts: int = 8, factor: float = 1.
     dropped = tokens - capacity
     return [f"{aux:.3g}", f"an even router gives {even:g}", f"{capacity} slots",
             f"{dropped} of {tokens} tokens", fmt(100 * dropped / tokens, "%"),
-            f"{grad:.3g} at p = {p0:g}", f"{grad_closer:.3g} at p = {closer:g}"]
+            f"{grad:.3g} at $\\pi = {p0:g}$", f"{grad_closer:.3g} at $\\pi = {closer:g}$"]
 
 
 ANSWERS = {"Q1": q1_bytes_per_token, "Q2": q2_params_and_flops, "Q3": q3_capacity,
