@@ -31,7 +31,7 @@ def test_shapes_split_in_sequence_regions_whole_in_tensor_regions():
     for s in steps:
         if s["kind"] in (SP, AG):          # into a LayerNorm/dropout, or into the all-gather
             assert s["shape_in"] == "[s/tp, b, h]" and s["dims_in"] == (512, 2, 64), s
-        else:                              # into attention/MLP, or its partial sums into g-bar-bar
+        else:                              # into attention/MLP, or its partial sums into RS
             assert s["shape_in"].startswith("[s, b, h]") and s["dims_in"] == (2048, 2, 64), s
 
 
@@ -47,11 +47,12 @@ def test_the_figure_writes_the_shapes_and_is_legible():
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts.count("[s/tp, b, h]\n[512, 1, 64]") == 7          # 6 arrows in, one out
     assert texts.count("[s, b, h]\n[2048, 1, 64]") == 2
-    # the course's names (notebook 04): g-bar all-gathers in, g-bar-bar reduce-scatters out;
-    # f and g stay Megatron's all-reduce pair, and the TP size is tp, never t
-    assert sum(t.startswith("$\\bar{\\bar g}$\nfwd: reduce-scatter") for t in texts) == 2
-    assert sum(t.startswith("$\\bar g$\nfwd: all-gather") for t in texts) == 2
-    assert not any(t.startswith(("g\n", "g-bar")) or "s/t," in t or "t = " in t for t in texts)
+    # the course's names (notebook 04): AG all-gathers in, RS reduce-scatters out; neither is
+    # called f or g (Megatron's all-reduce pair) nor the paper's g / g-bar, and the TP size is tp
+    assert texts.count("$\\mathrm{RS}$\nfwd: reduce-scatter\nbwd: all-gather") == 2
+    assert texts.count("$\\mathrm{AG}$\nfwd: all-gather\nbwd: reduce-scatter") == 2
+    paper_names = ("g\n", "f\n", "g-bar", "$\\bar", "$g", "$f")
+    assert not any(t.startswith(paper_names) or "s/t," in t or "t = " in t for t in texts)
     assert "tp = 4" in fig.axes[0].get_title()
     check_figure(fig)
     plt.close(fig)

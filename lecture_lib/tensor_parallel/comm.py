@@ -12,8 +12,9 @@ Two more move one dimension between split and whole
 and sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, section
 4.2.2) splits each all-reduce into a reduce-scatter leaving the sequence
 split and an all-gather entering the next split layer
-(:class:`ReduceScatterToSequenceParallelRegion`, ``g-bar``, and
-:class:`AllGatherFromSequenceParallelRegion`, ``g``). Each operator is an
+(:class:`ReduceScatterToSequenceParallelRegion`, the course's ``RS``, and
+:class:`AllGatherFromSequenceParallelRegion`, ``AG``; the paper calls them
+g-bar and g). Each operator is an
 ``autograd.Function`` with its forward and backward side by side.
 
 Every collective runs through :func:`lecture_lib.comm.collective`, so it is
@@ -136,7 +137,7 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
 
 
 class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Sequence parallel g-bar: reduce-scatter along the sequence forward; all-gather backward."""
+    """Sequence parallel RS (the paper's g-bar): reduce-scatter along the sequence forward; all-gather backward."""
 
     @staticmethod
     def forward(ctx, x, group, dim):
@@ -149,7 +150,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
 
 class AllGatherFromSequenceParallelRegion(torch.autograd.Function):
-    """Sequence parallel g: all-gather the sequence forward; reduce-scatter the gradient back."""
+    """Sequence parallel AG (the paper's g): all-gather the sequence forward; reduce-scatter the gradient back."""
 
     @staticmethod
     def forward(ctx, x, group, dim):

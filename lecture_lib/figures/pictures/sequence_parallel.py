@@ -5,11 +5,11 @@ arXiv:2205.05198, section 4.2.2 and Fig. 5): under tensor parallelism the layer 
 and residual additions are computed whole on every rank, so their activations are stored
 ``tp`` times. Sequence parallelism splits those regions along the sequence, ``[s/tp, b, h]``
 per rank. Entering a tensor-parallel region (attention, MLP) the sequence is all-gathered,
-:math:`\bar g` (all-gather forward, reduce-scatter backward); leaving it, the partial sums are
-reduce-scattered along the sequence, :math:`\bar{\bar g}` (reduce-scatter forward, all-gather
-backward). The names are the course's (notebook 04): the paper calls this pair ``g`` and
-``g-bar``, and its ``t`` is the course's ``tp``; the course keeps ``f`` and ``g`` for Megatron's
-all-reduce pair (Shoeybi et al. 2019).
+:math:`\mathrm{AG}` (all-gather forward, reduce-scatter backward); leaving it, the partial sums
+are reduce-scattered along the sequence, :math:`\mathrm{RS}` (reduce-scatter forward, all-gather
+backward). The names are the course's (notebook 04), after what each does forward: Korthikanti
+et al. 2022 call them ``g`` and ``g-bar``, and their ``t`` is the course's ``tp``; the course
+keeps ``f`` and ``g`` for Megatron's all-reduce pair (Shoeybi et al. 2019).
 An all-reduce is a reduce-scatter followed by an all-gather, so the bytes are those of plain
 tensor parallelism. The operators are the library's
 (:mod:`lecture_lib.tensor_parallel.comm`); shapes follow the paper's ``[s, b, h]`` order (the
@@ -28,10 +28,10 @@ from ..plots import COLORS
 
 REGION_COLORS = {"sequence parallel": "#E8F0E0", "tensor parallel": "#DCE6F2",
                  "all_gather": COLORS["comm"], "reduce_scatter": COLORS["comm"]}
-G_BAR = ("all_gather", "$\\bar g$\nfwd: all-gather\nbwd: reduce-scatter",
-     AllGatherFromSequenceParallelRegion.__name__)
-G_BARBAR = ("reduce_scatter", "$\\bar{\\bar g}$\nfwd: reduce-scatter\nbwd: all-gather",
-         ReduceScatterToSequenceParallelRegion.__name__)
+AG = ("all_gather", "$\\mathrm{AG}$\nfwd: all-gather\nbwd: reduce-scatter",
+      AllGatherFromSequenceParallelRegion.__name__)
+RS = ("reduce_scatter", "$\\mathrm{RS}$\nfwd: reduce-scatter\nbwd: all-gather",
+      ReduceScatterToSequenceParallelRegion.__name__)
 
 
 def block_regions(seq: int, batch: int, hidden: int, tp: int) -> list[dict]:
@@ -50,8 +50,8 @@ def block_regions(seq: int, batch: int, hidden: int, tp: int) -> list[dict]:
     partial = ("[s, b, h] partial", (seq, batch, hidden))      # one partial sum per rank
     steps = []
     for tp_name in ("self-attention\n(heads split)", "MLP\n(W1 cols, W2 rows)"):
-        steps += [("sequence parallel", "LayerNorm", split), (*G_BAR[:2], split, G_BAR[2]),
-                  ("tensor parallel", tp_name, whole), (*G_BARBAR[:2], partial, G_BARBAR[2]),
+        steps += [("sequence parallel", "LayerNorm", split), (*AG[:2], split, AG[2]),
+                  ("tensor parallel", tp_name, whole), (*RS[:2], partial, RS[2]),
                   ("sequence parallel", "dropout\n+ residual", split)]
     out = []
     for kind, name, (shape, dims), *function in steps:
