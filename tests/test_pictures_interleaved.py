@@ -1,4 +1,4 @@
-"""figures.pictures.interleaved: rank r holds chunks r, r + p, ... as the executor cuts them."""
+"""figures.pictures.interleaved: rank r holds virtual stages r, r + pp, ... (the executor's cut)."""
 import matplotlib
 
 matplotlib.use("Agg")

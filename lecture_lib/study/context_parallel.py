@@ -93,7 +93,9 @@ def causal_imbalance() -> list[str]:
 
 def hop_hiding_length() -> list[str]:
     """Q4: local tokens s/cp from which a bf16 K/V hop on H100 NVLink hides behind a fused
-    block at peak: 2 b (s/cp)^2 h / F >= 2 b (s/cp) h e / beta, i.e. s/cp >= e F / beta."""
+    causal zig-zag block at peak (half a full block's 4 b (s/cp)^2 h FLOPs, as
+    :func:`~lecture_lib.costmodel.context_parallel.cp_exposed_comm` charges it):
+    2 b (s/cp)^2 h / F >= 2 b (s/cp) h e / beta, i.e. s/cp >= e F / beta."""
     local = 2 * H100_BF16_FLOPS / NVLINK_H100.beta
     return [f"{local:.0f} tokens", f"{local * CP:.0f} tokens"]
 

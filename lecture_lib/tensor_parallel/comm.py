@@ -137,7 +137,8 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
 
 
 class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Sequence parallel RS (the paper's g-bar): reduce-scatter along the sequence forward; all-gather backward."""
+    """Sequence parallel RS (the paper's g-bar): reduce-scatter along the sequence
+    forward; all-gather backward."""
 
     @staticmethod
     def forward(ctx, x, group, dim):
@@ -150,7 +151,8 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
 
 class AllGatherFromSequenceParallelRegion(torch.autograd.Function):
-    """Sequence parallel AG (the paper's g): all-gather the sequence forward; reduce-scatter the gradient back."""
+    """Sequence parallel AG (the paper's g): all-gather the sequence forward;
+    reduce-scatter the gradient back."""
 
     @staticmethod
     def forward(ctx, x, group, dim):

@@ -2,11 +2,11 @@
 
 Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model
 Training on GPU Clusters using Megatron-LM", section 2.2.2) cuts the model into
-``p * v`` contiguous *virtual stages* instead of ``p``; rank ``r`` holds ``v`` of
-them, chunks ``r, r + p, r + 2p, ...``, so a micro-batch's forward visits ranks
-0, 1, ..., p-1, then 0, 1, ... again, ``v`` times round. Each hop costs 1/v of a
-stage, which is why the ramp (and the bubble) shrinks by ``v``, at the price of
-``v`` times more messages.
+``pp * v`` contiguous *virtual stages* instead of ``pp``; rank ``r`` holds ``v``
+of them, virtual stages ``r, r + pp, r + 2pp, ...``, so a micro-batch's forward
+visits ranks 0, 1, ..., pp-1, then 0, 1, ... again, ``v`` times round. Each hop
+costs 1/v of a stage, which is why the ramp (and the bubble) shrinks by ``v``,
+at the price of about ``v`` times more messages.
 
 :func:`chunk_assignment` reads the assignment from the library's own schedule
 (:meth:`lecture_lib.pipeline.Schedule.stage`, the chunks that appear in each rank's
@@ -59,7 +59,7 @@ def draw_interleaved(schedule: Schedule, n_layers: int, layers=None):
             top.annotate("", (r.start + 0.1, -0.55), (r.start - 0.1, -0.55),
                          arrowprops={"arrowstyle": "->", "color": COLORS["F"]})
     top.set(xlim=(0, n_layers), ylim=(0.6, -0.8), yticks=[],
-            title=f"the model's {n_layers} layers in {parts} virtual stages (p={p} ranks, "
+            title=f"the model's {n_layers} layers in {parts} virtual stages (pp={p} ranks, "
                   f"v={schedule.chunks} chunks each); arrows: a forward's path")
     top.set_xlabel("layer index")
     for rank, held in assignment.items():
@@ -68,7 +68,7 @@ def draw_interleaved(schedule: Schedule, n_layers: int, layers=None):
             bottom.text(r.start + len(r) / 2, rank, f"chunk {c}\n{_layers(r)}", ha="center",
                         va="center", fontsize=8, color="white")
     bottom.set(xlim=(0, n_layers), yticks=range(p), yticklabels=[f"rank {r}" for r in range(p)],
-               xlabel="layer index", title="what each rank holds: chunks r, r + p, ...")
+               xlabel="layer index", title="what each rank holds: virtual stages r, r + pp, ...")
     bottom.invert_yaxis()
     for ax in (top, bottom):
         ax.grid(False)
