@@ -1,6 +1,7 @@
 """The profiling notebook's hand calculations: shares of a step and the rules of thumb, the GPipe
 bound on a stage's busy share, what summed gradients do to SGD, and a step's buckets on the
-communication stream (in flight against exposed, and what if the link is slower)."""
+communication stream (in flight against exposed: smaller messages take longer in all, yet the step
+is shorter; and what if the link is slower)."""
 from __future__ import annotations
 
 from ..costmodel import pipeline_bubble
@@ -11,7 +12,7 @@ COMPUTE_MS, ALLREDUCE_MS, HIDDEN_MS = 120.0, 60.0, 40.0
 STAGES, MICRO = 4, 4
 RANKS, LR = 8, 0.01
 FORWARD_MS, BACKWARD_MS, BUCKETS = 40.0, 80.0, 4
-FLAT_MS, BUCKET_MS, SLOW_BUCKET_MS = 60.0, 15.0, 25.0
+FLAT_MS, BUCKET_MS, SLOW_BUCKET_MS = 60.0, 20.0, 25.0   # 4 x 20 ms > 60 ms: small messages
 
 
 def q1() -> list[str]:
@@ -49,18 +50,20 @@ def bucketed_step(forward: float, backward: float, buckets: int,
 
 
 def q5() -> list[str]:
-    """Flat (60 ms after backward) against 4 buckets of 15 ms; then buckets of 25 ms."""
+    """Flat (60 ms after backward) against 4 buckets of 20 ms (longer in all: each smaller
+    message pays the fixed latency and reaches less bandwidth); then buckets of 25 ms."""
     compute = FORWARD_MS + BACKWARD_MS
     flat = compute + FLAT_MS
     step, flight, exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, BUCKET_MS)
-    assert flight == FLAT_MS and step < flat and flight / step > FLAT_MS / flat
+    assert flight > FLAT_MS and step < flat and flight / step > FLAT_MS / flat
+    assert exposed == BUCKET_MS                                # only the last bucket is exposed
     for comm, total in ((FLAT_MS, flat), (flight, step)):     # the rule fires on both
         assert diagnose(comm / total, compute / total, comm_kinds={"all_reduce"}).comm_bound
     slow, _, slow_exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, SLOW_BUCKET_MS)
     assert slow_exposed > SLOW_BUCKET_MS                       # more than the last bucket
     return [fmt(flat, "ms"), fmt(100 * FLAT_MS / flat, "%"), fmt(step, "ms"),
-            fmt(100 * flight / step, "%"), fmt(100 * exposed / step, "%"), fmt(slow, "ms"),
-            fmt(slow_exposed, "ms")]
+            fmt(100 * flight / step, "%"), fmt(100 * exposed / step, "%"), fmt(flight, "ms"),
+            fmt(FLAT_MS, "ms"), fmt(slow, "ms"), fmt(slow_exposed, "ms")]
 
 
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
