@@ -7,10 +7,12 @@
   run at ``EFFICIENCY`` of the H100's dense bf16 peak (``costmodel.H100_BF16_FLOPS``); each
   bucket's all-reduce costs the ring's ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink
   (``costmodel.collective_time``, ``costmodel.NVLINK_H100``).
-* Q2: the two terms of the ring all-reduce at p = 2, 4, 8.
-* Q5 (what if): NCCL's choice for one bucket on 8 and on 2 GPUs of the emulated H100
-  node (``lecture_lib.emulate.nccl``: the Simple ring pays a latency per step,
-  ``2 (p-1)`` steps; NVLS one fixed latency; both move the same bus bytes).
+* Q2: the two terms of the ring all-reduce at p = 2, 4, 8, and how much the whole all-reduce
+  grows from 4 to 8 GPUs.
+* Q5 (what if): NCCL's choice for one bucket of torch's default size on 8 and on 2 GPUs of
+  the emulated H100 node (``bucket_cap_mb=25``: torch multiplies it by 2**20, so 25 MiB;
+  ``lecture_lib.emulate.nccl``: the Simple ring pays a latency per step, ``2 (p-1)`` steps;
+  NVLS one fixed latency; both move the same bus bytes).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from . import fmt
 
 PARAMS, GRAD_BYTES, BUCKET_BYTES, GPUS, EFFICIENCY = 1e9, 2, 25e6, 8, 0.5
 RING_BYTES, RING_SIZES = 100e6, (2, 4, 8)
-NCCL_BUCKET, NCCL_SIZES = 25e6, (8, 2)
+NCCL_BUCKET, NCCL_SIZES = 25 * 2**20, (8, 2)      # torch's default bucket_cap_mb=25: MiB
 
 
 def hiding_threshold() -> dict:
@@ -46,13 +48,14 @@ def q1() -> list[str]:
 
 
 def q2() -> list[str]:
-    out = []
+    out, total = [], {}
     for p in RING_SIZES:
         latency = collective_time("all_reduce", 0, p, NVLINK_H100)
-        out += [fmt(latency * 1e6, "us"),
-                fmt((collective_time("all_reduce", RING_BYTES, p, NVLINK_H100) - latency) * 1e3,
-                    "ms")]
-    return out
+        total[p] = collective_time("all_reduce", RING_BYTES, p, NVLINK_H100)
+        out += [fmt(latency * 1e6, "us"), fmt((total[p] - latency) * 1e3, "ms")]
+    # the whole all-reduce on 4 and on 8 GPUs, and how much it grows when the ranks double
+    return out + [fmt(total[4] * 1e3, "ms"), fmt(total[8] * 1e3, "ms"),
+                  f"{total[8] / total[4]:.2f}x"]
 
 
 def ring_and_nvls(nbytes: float, p: int, fabric=FABRICS["nvlink4"]) -> dict:
@@ -71,7 +74,7 @@ def q5() -> list[str]:
                     for p in NCCL_SIZES}
     # NVLS's one latency: longer than the Simple ring's whole latency on 2 GPUs, shorter on 8
     assert ring_latency[2] < fabric.nvls_latency < ring_latency[8]
-    out = []
+    out = [fmt(NCCL_BUCKET / 1e6, "MB")]                     # 25 MiB in bytes / 1e6
     for p in NCCL_SIZES:
         r = ring_and_nvls(NCCL_BUCKET, p)
         assert r["ring"][0] == "ring/Simple"
