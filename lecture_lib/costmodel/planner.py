@@ -18,7 +18,16 @@ from .comm import collective_time
 from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
 from .moe import MoESpec, dispatch_buffer_bytes, memory_per_device_ep, moe_param_split
-from .steptime import AXES, Cluster, Parallelism, StepTime, group_link, step_time
+from .steptime import (
+    AXES,
+    Cluster,
+    Parallelism,
+    StepTime,
+    exposed_after_backward,
+    grad_sync_seconds,
+    group_link,
+    step_time,
+)
 
 MICRO_BATCHES = (1, 2, 4, 8)
 ZERO = (0, 1, 2, 3)
@@ -124,27 +133,13 @@ def explain(best: Plan, plans: list[Plan]) -> str:
 CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
 
 
-def _grad_sync(num_params: float, ranks: int, link, par: Parallelism) -> float:
-    """Seconds of the all-reduce of this device's 16-bit gradients of ``num_params``
-    (``1/(tp pp)`` of them) over ``ranks`` ranks; 1.5x under ZeRO-3 (the parameters' gather)."""
-    if ranks == 1 or link is None:
-        return 0.0
-    d = par.dims
-    total = collective_time("all_reduce", 2 * num_params / (d.tp * d.pp), ranks, link)
-    return total * (1.5 if d.zero_stage == 3 else 1.0)
-
-
-def _exposed(total: float, microbatch_compute: float) -> float:
-    """What of a gradient sync the last micro-batch's backward (2/3 of its compute) leaves."""
-    return max(0.0, total - microbatch_compute * 2 / 3)
-
-
 def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatch_compute: float) -> float:
     """The gradient all-reduce over the ``dp x cp`` ranks less the last backward it hides."""
     d = par.dims
     ranks = d.dp * cp
     link = cluster.intra if ranks * d.tp * d.pp <= cluster.gpus_per_node else cluster.inter
-    return _exposed(_grad_sync(shape.num_params, ranks, link, par), microbatch_compute)
+    return exposed_after_backward(grad_sync_seconds(shape.num_params, 2, par, ranks, link),
+                                  microbatch_compute)
 
 
 @dataclass
@@ -253,12 +248,12 @@ def expert_parallel_step(shape: TransformerShape, moe: MoESpec, ep: int, par: Pa
                   value_bytes)
     dp_link = group_link(par, "dp", cluster)
     if ep == 1:
-        sync = _grad_sync(split["total"], d.dp, dp_link, par)
+        sync = grad_sync_seconds(split["total"], 2, par, d.dp, dp_link)
     else:
-        sync = (_grad_sync(split["dense"], d.dp, dp_link, par)
-                + _grad_sync(split["expert"] / ep, d.dp // ep, dp_link, par))
+        sync = (grad_sync_seconds(split["dense"], 2, par, d.dp, dp_link)
+                + grad_sync_seconds(split["expert"] / ep, 2, par, d.dp // ep, dp_link))
     pipelined = t.compute + t.details["memory-bound"].get("element-wise", 0.0)
-    t = replace(t, dp_comm=_exposed(sync, pipelined / t.microbatches))
+    t = replace(t, dp_comm=exposed_after_backward(sync, pipelined / t.microbatches))
     ep_link = group_link(replace(par, dims=replace(d, dp=ep)), "dp", cluster)  # dp's fastest ep
     a2a = 0.0
     if ep_link:

@@ -164,6 +164,26 @@ def microbatches(global_batch: int, par: Parallelism) -> int:
     return par.dims.split(global_batch)[0]
 
 
+def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
+                      link: Link | None) -> float:
+    """The all-reduce of one device's gradients over ``ranks`` ranks, in seconds.
+
+    The device holds ``1/(tp pp)`` of ``num_params``, ``value_bytes`` each; under
+    ZeRO-3 the parameters' all-gather adds half again (1.5x, Rajbhandari et al.
+    2020). Zero on one rank or without a link.
+    """
+    if ranks == 1 or link is None:
+        return 0.0
+    d = par.dims
+    total = collective_time("all_reduce", value_bytes * num_params / (d.tp * d.pp), ranks, link)
+    return total * (1.5 if d.zero_stage == 3 else 1.0)
+
+
+def exposed_after_backward(total: float, microbatch_compute: float) -> float:
+    """What of a gradient sync the last micro-batch's backward (2/3 of its compute) leaves."""
+    return max(0.0, total - microbatch_compute * 2 / 3)
+
+
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
               global_batch: int, value_bytes: int = 2, optimizer: str = "adamw") -> StepTime:
     """Modelled seconds per training step, split into its parts.
@@ -201,15 +221,9 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     pp_link = group_link(par, "pp", cluster)
     pp_comm = 2 * m * (pp_link.alpha + act_bytes / tp / pp_link.beta) if pp_link else 0.0
 
-    dp_link = group_link(par, "dp", cluster)
-    dp_comm = 0.0
-    if dp_link:
-        grad_bytes = value_bytes * shape.num_params / (tp * pp)
-        dp_total = collective_time("all_reduce", grad_bytes, dp, dp_link)
-        if par.dims.zero_stage == 3:
-            dp_total *= 1.5
-        last_backward = (pipelined / m) * 2 / 3 if par.dp_overlap else 0.0
-        dp_comm = max(0.0, dp_total - last_backward)
+    dp_total = grad_sync_seconds(shape.num_params, value_bytes, par, dp,
+                                 group_link(par, "dp", cluster))
+    dp_comm = exposed_after_backward(dp_total, pipelined / m) if par.dp_overlap else dp_total
     details = {"flops_per_device": training_flops(shape, tokens, par.recompute) / par.devices,
                "links": {a: (group_link(par, a, cluster).name if group_link(par, a, cluster)
                              else "-") for a in AXES}, "memory-bound": memory}
