@@ -35,7 +35,15 @@ def test_shape_counts_parameters_exactly():
 def test_end_to_end_small():
     link = calibration.measure_link(2, sizes=(2 ** 10, 2 ** 23), repeats=5, warmup=3)
     assert link.alpha >= 0 and link.beta > 0
-    rate, overhead, seconds = calibration.measure_compute(TINY, 8, microbatches=2, steps=3)
+    # Timing two real runs can come out inconsistent when another job takes the cores; the
+    # library then refuses and says to measure again, which is what this does (at most 3 times).
+    for attempt in range(3):
+        try:
+            rate, overhead, seconds = calibration.measure_compute(TINY, 8, microbatches=2,
+                                                                  steps=3)
+            break
+        except ValueError as e:
+            assert "inconsistent timings" in str(e) and attempt < 2, e
     assert rate > 0 and overhead >= 0 and min(seconds) > 0
     layouts = [ParallelDims(), ParallelDims(dp=2)]
     rows = calibration.predict_vs_measured(TINY, layouts, 8, rate, overhead, link, steps=2)

@@ -34,14 +34,15 @@ def test_equal_to_one_process(dims, zero_stage):
 
 
 def _step_is_its_timed_phases(results):
-    """Every rank timed exactly the phases of a step without cp, and its forward and backward
-    passes (the pipeline phase) outlast its SGD update (real time, within one run)."""
+    """Every rank timed exactly the phases of a step without cp, each a positive time.
+
+    No ordering between phases is asserted: one run's real times on a shared 2-core
+    machine can put a preempted optimizer step above the forward and backward passes
+    (a CI run measured 13.48 ms against 13.19 ms)."""
     phases = {"pipeline", "dp sync", "optimizer"}
     for r in results:
         assert set(r["step_seconds"]) == phases          # no cp: no cp sync phase
         assert all(v > 0 for v in r["step_seconds"].values())
-        # the pipeline phase holds every forward and backward: it outlasts the optimizer
-        assert r["step_seconds"]["pipeline"] > r["step_seconds"]["optimizer"]
 
 
 @pytest.mark.parametrize("par, batch, match", [
