@@ -5,8 +5,10 @@
   the exercise's own name), ``getattr``, ``functools.partial``, a subclass, a dispatcher such
   as ``make_schedule``, a thread, a reload or a fresh import; the tests' own code keeps using
   it. ex00/ex01's collectives are refused at every level Python reaches.
-* Wrong-but-plausible submissions (tests/tamper_routes.py), graded by the real command, score
-  less than full marks, and their failures say what is missing.
+* Shortcuts and wrong-but-plausible submissions (tests/shortcuts/, one file each, its header
+  saying what it does, which exercise file it is graded as, and what a failing test must say),
+  graded by the real command, score less than full marks, and their failures say what is
+  missing; a correct solution that makes a choice the statement leaves open scores full.
 """
 import json
 import os
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from tamper_routes import LIBRARY_ANSWER, MISSES_THE_POINT
+from tamper_routes import LIBRARY_ANSWER
 
 from lecture_lib.grading import Limits, stubs
 from lecture_lib.grading.harness import Exercise
@@ -270,15 +272,12 @@ def test_each_answer_refuses_the_submission_but_serves_the_tests(name, tmp_path)
 # Graded by the real command: less than full marks, and the first failure says why
 # ----------------------------------------------------------------------------
 
-#: What a failing test of each wrong-but-plausible submission must say.
+#: What a failing test of each library-calling submission must say.
 WHY = {name[:4]: "is not allowed" for name in LIBRARY_ANSWER}
-WHY_POINT = {"ex01": "reduce_scatter_ alone", "ex03": "communicated nothing",
-             "ex05": "g changed its input", "ex08": "moved the tokens with ['all_gather']",
-             "ex12": "all-gathers in one step", "ex13": "not posted before the block's compute"}
 #: Graded in groups of a few exercises (one grading command each, under pytest's time limit;
 #: xdist spreads the groups).
 GROUPS = {f"library-{i}": dict(sorted(LIBRARY_ANSWER.items())[i::3]) for i in range(3)}
-GROUPS.update({f"point-{i}": dict(sorted(MISSES_THE_POINT.items())[i::2]) for i in range(2)})
+SHORTCUTS = sorted((ROOT / "tests" / "shortcuts").glob("ex*.py"))
 
 
 def _grade(folder: Path, timeout: float = 280):
@@ -293,7 +292,7 @@ def _grade(folder: Path, timeout: float = 280):
 
 @pytest.mark.extended
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_wrong_but_plausible_submissions_score_less(group, tmp_path):
+def test_calling_the_library_answer_scores_nothing(group, tmp_path):
     folder = tmp_path / "student"
     folder.mkdir()
     for name, text in GROUPS[group].items():
@@ -302,13 +301,54 @@ def test_wrong_but_plausible_submissions_score_less(group, tmp_path):
     for name in GROUPS[group]:
         ex = name[:4]
         row = rows[ex]
-        needle = WHY[ex] if group.startswith("library") else WHY_POINT[ex]
         messages = [t["message"] for t in row["tests"] if not t["passed"]]
         print(f"{group} {ex}: {row['points']:g}/{row['max_points']} ({row['first_failure']})")
         assert row["points"] < row["max_points"], row
-        assert any(needle in m for m in messages), (ex, needle, row["first_failure"])
-        if group.startswith("library"):      # every test it would pass by the call fails
-            assert row["passed"] <= _own_checks(ex), row
+        assert any(WHY[ex] in m for m in messages), (ex, WHY[ex], row["first_failure"])
+        assert row["passed"] <= _own_checks(ex), row   # every test it would pass by the call
+
+
+def shortcut_header(path: Path) -> dict:
+    """A shortcut file's header: its leading ``# key: value`` lines (``shortcut``: what it
+    does; ``graded as``: the exercise file it is graded as; ``scores``: ``full``, or ``at
+    most N`` points; ``message``: what a failing test's message must contain)."""
+    head = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("# ") or ": " not in line:
+            break
+        key, value = line[2:].split(": ", 1)
+        head[key] = value.strip()
+    return head
+
+
+def test_every_shortcut_says_what_it_does_and_how_it_scores():
+    assert len(SHORTCUTS) >= 6
+    for path in SHORTCUTS:
+        head = shortcut_header(path)
+        assert {"shortcut", "graded as", "scores"} <= set(head), (path.name, head)
+        assert path.name[:4] == head["graded as"][:4], path.name
+        assert (stubs.EXERCISES / head["graded as"]).is_file(), path.name
+        assert head["scores"] == "full" or (head["scores"].startswith("at most ")
+                                            and "message" in head), (path.name, head)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("path", SHORTCUTS, ids=lambda p: p.stem)
+def test_each_shortcut_scores_as_its_header_says(path, tmp_path):
+    """A shortcut scores clearly less than full marks and a failing test names what it
+    skipped; a correct solution that makes a choice the statement leaves open scores full."""
+    head = shortcut_header(path)
+    folder = tmp_path / "student"
+    folder.mkdir()
+    (folder / head["graded as"]).write_text(path.read_text())
+    row = _grade(folder)[path.name[:4]]
+    print(f"{path.stem}: {row['points']:g}/{row['max_points']} ({row['first_failure']})")
+    if head["scores"] == "full":
+        assert row["points"] == row["max_points"], row
+        return
+    assert row["points"] <= float(head["scores"].removeprefix("at most ")), row
+    messages = [t["message"] for t in row["tests"] if not t["passed"]]
+    assert any(head["message"] in m for m in messages), (head["message"], row["first_failure"])
 
 
 def _own_checks(ex: str) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import release as releasing
 from . import stubs
-from .report import nothing_to_grade, table, write_gradescope, write_json
+from .report import nothing_to_grade, printed_by_failing_tests, table, write_gradescope, write_json
 from .runner import Result, grade, grade_file
 
 PROG = "python -m lecture_lib.grading"
@@ -32,6 +32,8 @@ def check(ex: str, folder: str | Path = stubs.EXERCISES, timeout: float = 300) -
                   None)
     if failed is not None:
         print(f"\n{failed['name']}:\n{failed['message']}")
+        if failed.get("output"):
+            print("\nwhat your code printed during it:\n" + failed["output"])
     return result
 
 
@@ -87,6 +89,9 @@ def _grade(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 0
     print(table(results))
+    printed = printed_by_failing_tests(results)
+    if printed:
+        print("\n" + printed)
     if args.json:
         write_json(results, args.json)
     if args.gradescope:

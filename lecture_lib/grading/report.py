@@ -5,7 +5,8 @@ Gradescope's autograder reads ``/autograder/results/results.json``: the total
 ``max_score``, ``output`` and ``visibility``
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/). Each
 exercise is one Gradescope test; its output (plain text) lists every pytest test
-it ran, with each failing test's whole message. ``--json`` writes the same
+it ran, with its share of the points where the tests are weighted, and each failing
+test's whole message and what its code printed. ``--json`` writes the same
 results as a list of exercises, each with its tests and their whole messages.
 """
 from __future__ import annotations
@@ -26,6 +27,37 @@ def table(results: list) -> str:
                      for row in rows)
 
 
+def test_lines(result, indent: str = "      ") -> list[str]:
+    """Every test of one exercise: PASS or FAIL, its name, its weight where the exercise's
+    tests are not weighted alike, and for a failing test its whole message and what it
+    printed."""
+    weighted = len({t.get("weight", 1.0) for t in result.tests}) > 1
+    total = sum(t.get("weight", 1.0) for t in result.tests) or 1.0
+    lines = []
+    for t in result.tests:
+        message = (t["message"] or "").splitlines() or [""]
+        share = (f" [{t.get('weight', 1.0) / total * result.max_points:.2g} of "
+                 f"{result.max_points} points]" if weighted else "")
+        lines.append(f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}{share}"
+                     + (f": {message[0]}" if message[0] else ""))
+        lines += [indent + ln if ln else "" for ln in message[1:]]
+        if t.get("output"):
+            lines.append(indent + "what your code printed during this test:")
+            lines += [indent + "| " + ln for ln in t["output"].splitlines()]
+    return lines
+
+
+def printed_by_failing_tests(results: list) -> str:
+    """For the terminal, under the table: each failing test's printed output, if any."""
+    blocks = []
+    for r in results:
+        for t in r.tests:
+            if not t["passed"] and t.get("output"):
+                body = "\n".join("  | " + ln for ln in t["output"].splitlines())
+                blocks.append(f"{r.exercise} {t['name']} printed:\n{body}")
+    return "\n\n".join(blocks)
+
+
 def write_json(results: list, path: str | Path) -> None:
     Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2))
 
@@ -36,12 +68,7 @@ def gradescope(results: list, visibility: str = "visible") -> dict:
     message."""
     tests = []
     for r in results:
-        lines = [f"{r.passed}/{r.total} tests passed"]
-        for t in r.tests:
-            message = (t["message"] or "").splitlines() or [""]
-            lines.append(f"{'PASS' if t['passed'] else 'FAIL'}  {t['name']}"
-                         + (f": {message[0]}" if message[0] else ""))
-            lines += ["      " + ln if ln else "" for ln in message[1:]]
+        lines = [f"{r.passed}/{r.total} tests passed", *test_lines(r)]
         if r.first_failure and not r.tests:
             lines.append(r.first_failure)
         tests.append({"name": f"{r.exercise} ({Path(r.file).name})", "score": r.points,

@@ -8,8 +8,11 @@ through :mod:`.harness` (a sandboxed child per exercise). The grader reads
 pytest's JUnit XML only when pytest ended normally (exit code 0 or 1), so a
 test process that was killed scores 0, and after each exercise it kills every
 process left below it (it is a child subreaper, so orphans come back to it).
-A test file may set ``POINTS = n`` (default 10), awarded in proportion to the
-tests passed.
+A test file may set ``POINTS = n`` (default 10), shared among its tests by their
+weights (``@pytest.mark.weight(w)``, default 1; :mod:`.plugin`), so the tests of what
+an exercise is about can carry most of its points. What a failing test's code printed
+(the submission's prints, on every rank) comes back with it, its last
+:data:`OUTPUT_CHARS` characters.
 
 Each test's message is the whole exception its test raised (the ``E`` lines of
 pytest's report, without pytest's own prefixes, locations or notes); an
@@ -42,10 +45,14 @@ DEFAULT_POINTS = 10
 NO_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:nbval")
 #: Assertion explanations in full: without it pytest shortens them and says "use '-vv'".
 FULL_ASSERTIONS = ("-o", "verbosity_assertions=2")
+#: What a failing test printed, in the JUnit report (a passing test's output is not kept).
+CAPTURED_OUTPUT = ("-o", "junit_logging=system-out", "-o", "junit_log_passing_tests=false")
 #: The width of a first-failure line (its message part), and the most a test's whole message
 #: keeps (a submission can raise an exception of any size).
 LINE_CHARS = 300
 MESSAGE_CHARS = 20_000
+#: The most of a failing test's printed output kept (its end: the last prints before it failed).
+OUTPUT_CHARS = 4_000
 
 
 @dataclass
@@ -57,7 +64,8 @@ class Result:
     points: float
     max_points: int
     first_failure: str
-    tests: list = field(default_factory=list)   # per test: name, passed, message (whole)
+    #: per test: name, passed, weight, message (whole), output (what it printed, when it failed)
+    tests: list = field(default_factory=list)
 
 
 def _test_files(ex: str, extra: Path | None) -> list[Path]:
@@ -177,6 +185,7 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
         env = dict(os.environ, LECTURE_EXERCISE_PATH=str(Path(student_file).resolve()),
                    OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "pytest", "-q", *NO_PLUGINS, *FULL_ASSERTIONS,
+               *CAPTURED_OUTPUT,
                "-p", "lecture_lib.grading.plugin", f"--junitxml={xml}", f"--rootdir={ROOT}",
                *map(str, files)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -205,23 +214,50 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
 
 
 def _from_junit(ex: str, student_file: Path, xml: Path, points: int) -> Result:
-    passed, total, first, cases = 0, 0, "", []
+    passed, total, first, cases, earned, weights = 0, 0, "", [], 0.0, 0.0
     for case in ET.parse(xml).getroot().iter("testcase"):
         total += 1
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         ok = bad is None and case.find("skipped") is None
+        weight = _weight(case)
         passed += ok
+        earned += weight * ok
+        weights += weight
         message = "" if bad is None else _message(bad)
         if case.find("skipped") is not None:
             message = "skipped"
-        cases.append({"name": case.get("name"), "passed": ok, "message": message})
+        cases.append({"name": case.get("name"), "passed": ok, "weight": weight,
+                      "message": message, "output": "" if ok else _output(case)})
         if bad is not None and not first:
             first = f"{case.get('name')}: {one_line(message)}"
     if total == 0:
         # collection failed: pytest reports it as an error testcase or none at all
         first = first or "no test ran (the file failed to import?)"
-    score = round(points * passed / total, 2) if total else 0.0
+    score = round(points * earned / weights, 2) if weights else 0.0
     return Result(ex, str(student_file), passed, total, score, points, first, cases)
+
+
+def _weight(case) -> float:
+    """A test case's weight (its ``weight`` property, see :mod:`.plugin`), else 1."""
+    for prop in case.iter("property"):
+        if prop.get("name") == "weight":
+            try:
+                return max(float(prop.get("value")), 0.0)
+            except (TypeError, ValueError):
+                break
+    return 1.0
+
+
+def _output(case) -> str:
+    """What a test printed (its ``system-out``): the last :data:`OUTPUT_CHARS` characters,
+    from a line's start, with a note of what was cut."""
+    text = "".join(el.text or "" for el in case.iter("system-out"))
+    text = re.sub(r"(?m)^-+ Captured [\w ]+ -+\n?", "", text).strip("\n")   # pytest's headers
+    if len(text) <= OUTPUT_CHARS:
+        return text
+    cut = text.find("\n", len(text) - OUTPUT_CHARS)
+    cut = cut + 1 if 0 <= cut < len(text) - OUTPUT_CHARS // 2 else len(text) - OUTPUT_CHARS
+    return f"[... {cut} earlier characters of output not kept ...]\n{text[cut:]}"
 
 
 def submitted_files(path: str | Path) -> list[Path]:
