@@ -18,10 +18,7 @@ import importlib.metadata
 import json
 import os
 import shutil
-import stat
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import textwrap
 import time
@@ -29,11 +26,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from grading_users import venv_seeing_ours
 
 from lecture_lib.grading import grade, main, stubs
+from lecture_lib.grading.isolation import readable_by_all
+from lecture_lib.grading.messages import LINE_CHARS, one_line
 from lecture_lib.grading.release import release
 from lecture_lib.grading.report import gradescope, write_json
-from lecture_lib.grading.runner import LINE_CHARS, one_line, submitted_files
+from lecture_lib.grading.runner import submitted_files
 
 ROOT = stubs.ROOT
 SCRIPTS = ROOT / "gradescope"
@@ -141,30 +141,6 @@ def test_private_ring_sum_is_defined():
 
 # -- the environment the recipe's scripts run in ------------------------------------------
 
-def _readable_by_all(path: Path) -> bool:
-    path = path.resolve()
-    for part in [path, *path.parents]:
-        need = stat.S_IXOTH if part.is_dir() else stat.S_IROTH
-        if not part.stat().st_mode & need:
-            return False
-    return True
-
-
-def _interpreter() -> str:
-    """An interpreter of this Python version that every user can run (as /usr/bin/python3 is on
-    Gradescope), else this environment's own base interpreter."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (sys._base_executable, shutil.which(version), f"/usr/bin/{version}",
-                      f"/usr/local/bin/{version}"):
-        if not candidate or not Path(candidate).is_file() or not _readable_by_all(Path(candidate)):
-            continue
-        probe = subprocess.run([candidate, "-c", "import sys, venv; print(sys.version_info[:2])"],
-                               capture_output=True, text=True)
-        if probe.returncode == 0 and probe.stdout.strip() == str(sys.version_info[:2]):
-            return candidate
-    return sys._base_executable
-
-
 def _wheel_of_installed(name: str, into: Path) -> Path:
     """A wheel of an installed pure-Python distribution: its files, and its metadata with a new
     RECORD (so that setup.sh's install line can add it offline)."""
@@ -183,27 +159,6 @@ def _wheel_of_installed(name: str, into: Path) -> Path:
             records.append(f"{f},sha256={digest.decode()},{len(data)}")
         zf.writestr(f"{info}/RECORD", "\n".join([*records, f"{info}/RECORD,,"]) + "\n")
     return wheel
-
-
-def _venv_without_pytest(venv: Path, base_site: Path) -> None:
-    """A venv of an interpreter every user can run that sees this environment's packages (a
-    folder of links to them) except pytest's and this pack's own, and has no pip of its own."""
-    ours = Path(sysconfig.get_paths()["purelib"])
-    pytest_names = {f.parts[0] for f in importlib.metadata.distribution("pytest").files
-                    if not str(f).startswith("..")}
-    base_site.mkdir()
-    for entry in ours.iterdir():
-        name = entry.name
-        if (name in pytest_names or name.endswith(".pth") or name == "__pycache__"
-                or name.startswith(("__editable__", "lecture_lib"))):
-            continue
-        (base_site / name).symlink_to(entry)
-    base_site.chmod(0o755)
-    subprocess.run([_interpreter(), "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c",
-                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    (Path(site) / "zz_course_base_site.pth").write_text(f"{base_site}\n")
 
 
 def _run(script: Path, env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -282,12 +237,11 @@ def _recipe(base: Path) -> None:
     venv, wheels = base / "venv", base / "wheels"
     wheels.mkdir()
     _wheel_of_installed("pytest", wheels)
-    _venv_without_pytest(venv, base / "base-site")
-    python = str(venv / "bin" / "python")
+    python = str(venv_seeing_ours(venv, base / "base-site", leave_out=("pytest",)))
     assert subprocess.run([python, "-c", "import torch"]).returncode == 0
     assert subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0, \
         "the venv must start without pytest: setup.sh's install line is what adds it"
-    separate_user = os.geteuid() == 0 and _readable_by_all(Path(python))
+    separate_user = os.geteuid() == 0 and readable_by_all(Path(python))
 
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "HOME": str(base), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",

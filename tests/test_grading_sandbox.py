@@ -13,7 +13,7 @@ import torch
 import lecture_lib
 from lecture_lib.grading import ForbiddenValue, LimitExceeded, Limits, safe_load
 from lecture_lib.grading.harness import Exercise
-from lecture_lib.grading.sandbox import separate_user_possible
+from lecture_lib.grading.isolation import separate_user_possible
 from lecture_lib.models import TrainResult
 from lecture_lib.pipeline.schedules import Action
 

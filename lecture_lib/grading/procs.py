@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -33,7 +34,10 @@ def become_subreaper() -> bool:
 
 
 def _table() -> dict[int, tuple[int, int, bool, int]]:
-    """pid -> (parent pid, real uid, is a zombie, start time in clock ticks) of every process."""
+    """pid -> (parent pid, real uid, is a zombie, start time in clock ticks) of every process
+    (from /proc; where there is none, as on macOS, from ``ps``, without start times)."""
+    if not os.path.isdir("/proc"):
+        return _table_from_ps()
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -46,6 +50,17 @@ def _table() -> dict[int, tuple[int, int, bool, int]]:
             out[int(name)] = (int(stat[1]), int(uid), stat[0] in "ZX", int(stat[19]))
         except (OSError, StopIteration, ValueError, IndexError):
             continue                    # it ended while we looked
+    return out
+
+
+def _table_from_ps() -> dict[int, tuple[int, int, bool, int]]:
+    done = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,ruid=,stat="], capture_output=True,
+                          text=True, timeout=30)
+    out = {}
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0].isdigit():
+            out[int(fields[0])] = (int(fields[1]), int(fields[2]), fields[3].startswith("Z"), 0)
     return out
 
 

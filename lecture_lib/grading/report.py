@@ -23,8 +23,14 @@ def table(results: list) -> str:
     got, best = sum(r.points for r in results), sum(r.max_points for r in results)
     rows.append(("total", "", f"{got:g}/{best}", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
-                     for row in rows)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
+             for row in rows]
+    modes = sorted({r.isolation for r in results if r.isolation})
+    if modes:
+        lines.append("isolation: " + "; ".join(
+            m + (f" ({', '.join(r.exercise for r in results if r.isolation == m)})"
+                 if len(modes) > 1 else "") for m in modes))
+    return "\n".join(lines)
 
 
 def test_lines(result, indent: str = "      ") -> list[str]:
@@ -71,6 +77,8 @@ def gradescope(results: list, visibility: str = "visible") -> dict:
         lines = [f"{r.passed}/{r.total} tests passed", *test_lines(r)]
         if r.first_failure and not r.tests:
             lines.append(r.first_failure)
+        if r.isolation:
+            lines.append(f"(graded with isolation: {r.isolation})")
         tests.append({"name": f"{r.exercise} ({Path(r.file).name})", "score": r.points,
                       "max_score": r.max_points, "output": "\n".join(lines),
                       "output_format": "text", "visibility": visibility})

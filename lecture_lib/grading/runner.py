@@ -8,17 +8,15 @@ through :mod:`.harness` (a sandboxed child per exercise). The grader reads
 pytest's JUnit XML only when pytest ended normally (exit code 0 or 1), so a
 test process that was killed scores 0, and after each exercise it kills every
 process left below it (it is a child subreaper, so orphans come back to it).
+
 A test file may set ``POINTS = n`` (default 10), shared among its tests by their
 weights (``@pytest.mark.weight(w)``, default 1; :mod:`.plugin`), so the tests of what
-an exercise is about can carry most of its points. What a failing test's code printed
-(the submission's prints, on every rank) comes back with it, its last
-:data:`OUTPUT_CHARS` characters.
+an exercise is about carry most of its points. Each test's message, the exercise's
+first failure and what a failing test printed are shaped by :mod:`.messages`.
 
-Each test's message is the whole exception its test raised (the ``E`` lines of
-pytest's report, without pytest's own prefixes, locations or notes); an
-exercise's *first failure* is one line of its first failing test's message, cut
-only between values (never inside a tensor, list or word) with a note of what
-it left out.
+Before any submission runs, the grader chooses the isolation (:mod:`.isolation`), says it
+once, and hashes what it reads (the tests, the library, the submitted files); after each
+exercise it checks them, restores what changed and scores that exercise 0.
 """
 from __future__ import annotations
 
@@ -33,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime import worker_pids, zygote
-from . import procs
+from . import isolation, messages, procs
+from .messages import first_line, one_line
 from .sandbox import _Tail
 from .stubs import EXERCISES, ROOT, exercise_id
 
@@ -47,12 +46,6 @@ NO_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:nbval")
 FULL_ASSERTIONS = ("-o", "verbosity_assertions=2")
 #: What a failing test printed, in the JUnit report (a passing test's output is not kept).
 CAPTURED_OUTPUT = ("-o", "junit_logging=system-out", "-o", "junit_log_passing_tests=false")
-#: The width of a first-failure line (its message part), and the most a test's whole message
-#: keeps (a submission can raise an exception of any size).
-LINE_CHARS = 300
-MESSAGE_CHARS = 20_000
-#: The most of a failing test's printed output kept (its end: the last prints before it failed).
-OUTPUT_CHARS = 4_000
 
 
 @dataclass
@@ -66,6 +59,7 @@ class Result:
     first_failure: str
     #: per test: name, passed, weight, message (whole), output (what it printed, when it failed)
     tests: list = field(default_factory=list)
+    isolation: str = ""                  # what kept the submission from the grader's files
 
 
 def _test_files(ex: str, extra: Path | None) -> list[Path]:
@@ -83,97 +77,17 @@ def _points(files: list[Path]) -> int:
     return DEFAULT_POINTS
 
 
-def _first_line(text: str) -> str:
-    """One line of ``text`` (a process's output): its first ``E`` line, else its first line."""
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
-    pick = next((ln[1:].strip() for ln in lines if ln.startswith("E ")), lines[0] if lines else "")
-    return one_line(_drop_module_path(pick), whole=None)
+def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 300,
+               mode: str | None = None) -> Result:
+    """Run exercise tests for one student file in a fresh pytest process, its sandbox isolated
+    by ``mode`` (default: :func:`.isolation.choose`)."""
+    mode = mode or isolation.choose()
+    result = _run_tests(Path(student_file), extra, timeout, mode)
+    result.isolation = mode
+    return result
 
 
-def _drop_module_path(text: str) -> str:
-    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(\w+: )", r"\1", text)   # a.b.Error: -> Error:
-
-
-def _boundaries(text: str) -> list[int]:
-    """Where ``text`` may be cut: at a space outside every bracket, so a tensor, a list, a
-    call or a word is shown whole or not at all."""
-    depth, cuts = 0, []
-    for i, ch in enumerate(text):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth = max(0, depth - 1)
-        elif ch.isspace() and depth == 0:
-            cuts.append(i)
-    return cuts + [len(text)]
-
-
-def one_line(message: str, width: int = LINE_CHARS,
-             whole: str | None = "--json, Gradescope's output") -> str:
-    """``message`` as one line of at most about ``width`` characters, cut only between values,
-    with a note of what it leaves out (and where the ``whole`` message is). Its lines are
-    joined with `` | `` up to a traceback (the submission's own) or, after a test's own
-    words, pytest's explanation of the assertion (``assert ...``): the message keeps both."""
-    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
-    head = lines[:1] + list(itertools.takewhile(
-        lambda ln: not ln.startswith(("---", "Traceback (", "assert ")), lines[1:]))
-    text = " | ".join(head)
-    cuts = _boundaries(text)
-    fit = [c for c in cuts if c <= width]
-    ends = [c for c in fit if text.startswith(" | ", c) or c == len(text)]
-    longer = next((c for c in cuts if c > width), len(text))
-    if len(text) <= width:
-        cut = len(text)
-    elif ends and ends[-1] >= width // 2:   # rather a whole line than a line's first words
-        cut = ends[-1]
-    elif fit and fit[-1] >= width // 2:
-        cut = fit[-1]
-    elif longer <= 4 * width:             # the next value is long: shown whole all the same
-        cut = longer
-    else:                                 # a value longer still: not shown at all
-        cut = fit[-1] if fit else 0
-    shown = text[:cut].rstrip()
-    rest = len(text) - len(shown) + sum(len(ln) + 1 for ln in lines[len(head):])
-    if rest <= 0:
-        return shown
-    more = len(lines) - len(head) + (text[cut:].count(" | ") if cut < len(text) else 0)
-    lines_note = f" ({more} more line{'s' if more != 1 else ''})" if more else ""
-    where = f"; the whole message: {whole}" if whole else ""
-    return f"{shown} ... [+{rest} characters{lines_note} not shown{where}]"
-
-
-def _message(bad) -> str:
-    """The whole message of a failed test: the exception pytest reports (its last block of
-    ``E`` lines), without pytest's prefixes, file locations or notes of its own."""
-    lines = (bad.text or "").splitlines()
-    ends = [i for i, ln in enumerate(lines) if re.match(r"E( |$)", ln)]
-    if ends:
-        last = ends[-1]
-        first = last
-        while first > 0 and re.match(r"E( |$)", lines[first - 1]):
-            first -= 1
-        filled = next((ln for ln in lines[first:last + 1] if ln.strip() != "E"), "E")
-        prefix = re.match(r"E *", filled).group(0)
-        block = [ln[len(prefix):] if ln.startswith(prefix) else ln[1:].strip()
-                 for ln in lines[first:last + 1]]
-    else:                                 # no report text: the attribute, less pytest's note
-        attr = bad.get("message", "") or ""
-        block = re.sub(r"(\.\.\.)?\n\[(\+\d+ more lines?|truncated); full report in element "
-                       r"text\]$", "", attr).splitlines()
-    block = [ln.rstrip() for ln in block
-             if not re.match(r"\s*(Use -v to get (more|the full) diff|\.\.\.Full output "
-                             r"truncated)", ln)]
-    text = "\n".join(block).strip("\n")
-    text = _drop_module_path(text)
-    if len(text) > MESSAGE_CHARS:
-        cut = text.rfind("\n", 0, MESSAGE_CHARS)
-        cut = cut if cut > MESSAGE_CHARS // 2 else MESSAGE_CHARS
-        text = f"{text[:cut]}\n[+{len(text) - cut} more characters of this message not kept]"
-    return text
-
-
-def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 300) -> Result:
-    """Run exercise tests for one student file in a fresh pytest process."""
+def _run_tests(student_file: Path, extra: Path | None, timeout: float, mode: str) -> Result:
     ex = exercise_id(student_file)
     files = _test_files(ex, extra)
     points = _points(files)
@@ -182,8 +96,8 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
     procs.become_subreaper()
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "report.xml"
-        env = dict(os.environ, LECTURE_EXERCISE_PATH=str(Path(student_file).resolve()),
-                   OMP_NUM_THREADS="1")
+        env = dict(os.environ, LECTURE_EXERCISE_PATH=str(student_file.resolve()),
+                   OMP_NUM_THREADS="1", **{isolation.ENV: mode})
         cmd = [sys.executable, "-m", "pytest", "-q", *NO_PLUGINS, *FULL_ASSERTIONS,
                *CAPTURED_OUTPUT,
                "-p", "lecture_lib.grading.plugin", f"--junitxml={xml}", f"--rootdir={ROOT}",
@@ -209,7 +123,7 @@ def grade_file(student_file: Path, extra: Path | None = None, timeout: float = 3
             why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             return Result(ex, str(student_file), 0, 0, 0.0, points,
                           f"the tests' process ended abnormally ({why}): "
-                          + _first_line(tail.since(0)[-2000:]))
+                          + first_line(tail.since(0)[-2000:]))
         return _from_junit(ex, student_file, xml, points)
 
 
@@ -223,13 +137,13 @@ def _from_junit(ex: str, student_file: Path, xml: Path, points: int) -> Result:
         passed += ok
         earned += weight * ok
         weights += weight
-        message = "" if bad is None else _message(bad)
+        text = "" if bad is None else messages.message(bad)
         if case.find("skipped") is not None:
-            message = "skipped"
+            text = "skipped"
         cases.append({"name": case.get("name"), "passed": ok, "weight": weight,
-                      "message": message, "output": "" if ok else _output(case)})
+                      "message": text, "output": "" if ok else messages.output(case)})
         if bad is not None and not first:
-            first = f"{case.get('name')}: {one_line(message)}"
+            first = f"{case.get('name')}: {one_line(text)}"
     if total == 0:
         # collection failed: pytest reports it as an error testcase or none at all
         first = first or "no test ran (the file failed to import?)"
@@ -246,18 +160,6 @@ def _weight(case) -> float:
             except (TypeError, ValueError):
                 break
     return 1.0
-
-
-def _output(case) -> str:
-    """What a test printed (its ``system-out``): the last :data:`OUTPUT_CHARS` characters,
-    from a line's start, with a note of what was cut."""
-    text = "".join(el.text or "" for el in case.iter("system-out"))
-    text = re.sub(r"(?m)^-+ Captured [\w ]+ -+\n?", "", text).strip("\n")   # pytest's headers
-    if len(text) <= OUTPUT_CHARS:
-        return text
-    cut = text.find("\n", len(text) - OUTPUT_CHARS)
-    cut = cut + 1 if 0 <= cut < len(text) - OUTPUT_CHARS // 2 else len(text) - OUTPUT_CHARS
-    return f"[... {cut} earlier characters of output not kept ...]\n{text[cut:]}"
 
 
 def submitted_files(path: str | Path) -> list[Path]:
@@ -292,7 +194,32 @@ def submitted_files(path: str | Path) -> list[Path]:
 
 
 def grade(path: str | Path, extra: str | Path | None = None, timeout: float = 300) -> list[Result]:
-    """Grade a folder of ``exNN_*.py`` files, or one such file (see :func:`submitted_files`)."""
+    """Grade a folder of ``exNN_*.py`` files, or one such file (see :func:`submitted_files`).
+
+    The isolation is chosen and said (stderr) once; what the grader reads is hashed first and
+    checked after each exercise: an exercise that changed it scores 0, and it is restored."""
     files = submitted_files(path)
     extra = Path(extra) if extra else None
-    return [grade_file(f, extra, timeout) for f in files]
+    mode = isolation.choose()
+    print(isolation.announcement(mode), file=sys.stderr)
+    guarded = isolation.Snapshot.take([TESTS, ROOT / "tests" / "conftest.py", ROOT / "lecture_lib",
+                                       *([extra] if extra else []), *files])
+    results = []
+    for f in files:
+        result = grade_file(f, extra, timeout, mode)
+        changed = guarded.changed() if os.environ.get("TMP_GUARD") == "1" else []
+        if changed:
+            guarded.restore(changed)
+            names = ", ".join(_shown(p) for p in changed[:5]) + (" ..." if len(changed) > 5 else "")
+            result = Result(result.exercise, result.file, 0, result.total, 0.0, result.max_points,
+                            f"{result.exercise}: the submission changed files the grader reads "
+                            f"({names}): scored 0; the files were restored", [], mode)
+        results.append(result)
+    return results
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)

@@ -12,11 +12,11 @@ sandbox closes, every process the submission started is killed
 (:func:`.procs.end_all`: its tree, orphans that came back to us as subreaper,
 and everything of its user id).
 
-Where the grader runs as root and the interpreter is readable by every user
-(a Gradescope container), the child runs under a user id of its own: it can
-neither signal the grader nor write the grader's files. Elsewhere it runs as
-the grader's user (``same-user`` mode): everything above still holds, but the
-operating system does not stop it from writing files the user may write.
+What the child may write is :mod:`.isolation`'s choice: a user id of its own
+(root, with an interpreter every user can read: a Gradescope container), its own
+namespaces under bubblewrap with the file system read-only but its scratch folder
+(any user), or, where neither is possible, the grader's own user (weak: said once,
+with the fix).
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import select
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -36,10 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..runtime import worker_pids, zygote
-from . import procs, safe_load
+from . import isolation, procs, safe_load
 from ._child import HEADER, send_frame
 
 _UID_BASE = 1_500_000_000
@@ -117,21 +114,6 @@ class _Tail:
                 if lost > 0 or len(data) > self.cap else "") + text
 
 
-def separate_user_possible(python: str) -> bool:
-    """True when we are root and every user can run ``python`` with torch and this pack."""
-    if os.geteuid() != 0 or os.environ.get("LECTURE_SANDBOX_USER", "auto") == "off":
-        return False
-    paths = [Path(python).resolve(), Path(torch.__file__).resolve(),
-             Path(__file__).resolve()]
-    for path in paths:
-        for part in [path, *path.parents]:
-            mode = part.stat().st_mode
-            need = stat.S_IXOTH if part.is_dir() else stat.S_IROTH
-            if not mode & need:
-                return False
-    return True
-
-
 class Sandbox:
     """One child process for one exercise, restarted after a call breaks it."""
 
@@ -141,6 +123,7 @@ class Sandbox:
         self.started = 0
         self.key = next(_SEQ)
         self.python = os.environ.get("LECTURE_SANDBOX_PYTHON", sys.executable)
+        self.isolation = isolation.choose(self.python)
 
     # -- starting ---------------------------------------------------------------
 
@@ -150,16 +133,18 @@ class Sandbox:
         (self.dir / "submission").mkdir()
         copy = self.dir / "submission" / self.source.name
         copy.write_bytes(self.source.read_bytes())        # the grader reads it; never runs it
-        user = {}
-        if separate_user_possible(self.python):
+        user, command = {}, [self.python, "-m", "lecture_lib.grading._child"]
+        if self.isolation == isolation.SEPARATE_USER:
             self.uid = _UID_BASE + (os.getpid() % 4_000_000) * 16 + self.key % 16
             for p in (self.dir, self.dir / "submission", copy):
                 os.chown(p, self.uid, self.uid)
             user = dict(user=self.uid, group=self.uid, extra_groups=[])
+        elif self.isolation == isolation.NAMESPACE:
+            command = [isolation.bubblewrap(), *isolation.bwrap_args(self.dir), "--", *command]
         ours, theirs = socket.socketpair()
         env = self._environment(copy, theirs.fileno())
         self.proc = subprocess.Popen(
-            [self.python, "-m", "lecture_lib.grading._child"], cwd=self.dir, env=env,
+            command, cwd=self.dir, env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=[theirs.fileno()], start_new_session=True, **user)
         theirs.close()
