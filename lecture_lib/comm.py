@@ -7,10 +7,11 @@ notebook asks) record how many bytes each collective moved and how long it
 took. They live here so that data parallelism, ZeRO, tensor, pipeline and
 expert parallelism, profiling and debugging all do them the same way.
 
-Measurement is opt-in. :func:`record_comm` turns a recorder on for the
-block; outside one, :func:`collective` runs the operation and nothing else
-(no clock read, no device synchronisation), so an algorithm costs the same
-whether or not anybody could measure it.
+Measurement is opt-in. Each collective is a ``"comm"`` span of
+:mod:`lecture_lib.observe`; :func:`record_comm` watches the block and reads them as a
+:class:`CommLog`. Nobody watching, :func:`collective` runs the operation and nothing else
+(no clock read, no device synchronisation), so an algorithm costs the same whether or not
+anybody could measure it.
 
 >>> with record_comm() as log:                 # inside a rank function
 ...     all_reduce_flat([p.grad for p in model.parameters()], average=True)
@@ -24,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from . import observe
 from .costmodel.comm import bus_factor
-from .metrics import wall_time
 
 # torch 2.13 renamed the tensor-in/tensor-out collectives; older torch has the old names only.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -63,14 +64,14 @@ def resolve(group):
 
 
 # ----------------------------------------------------------------------------
-# Recording (off unless a caller turns it on)
+# Recording (off unless a caller turns it on): one view of lecture_lib.observe
 # ----------------------------------------------------------------------------
 
 @dataclass
 class CommRecord:
     """One recorded call: its kind, the caller's ``phase`` label, the buffer's bytes (the
     full, unsharded buffer: for a reduce-scatter its input, for an all-gather its output), the
-    number of ranks in the group, and the wall-clock seconds it took."""
+    number of ranks in the group, and the seconds it took (real, or emulated)."""
     kind: str            # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", ...
     phase: str           # whatever the caller names it: "forward", "backward", "grads", ...
     nbytes: int          # costmodel.comm's convention: the full (unsharded) buffer
@@ -80,8 +81,13 @@ class CommRecord:
 
 @dataclass
 class CommLog:
-    """Every collective run through :func:`collective` inside :func:`record_comm`."""
-    records: list[CommRecord] = field(default_factory=list)
+    """Every collective run through :func:`collective` while :func:`record_comm` watched."""
+    watcher: observe.Watcher = field(default_factory=observe.Watcher)
+
+    @property
+    def records(self) -> list[CommRecord]:
+        return [CommRecord(s.data["kind"], s.data["phase"], s.data["nbytes"],
+                           s.data["group_size"], s.seconds) for s in self.watcher.select("comm")]
 
     def select(self, phase=None, kind=None) -> list[CommRecord]:
         """The records of this ``phase`` label and ``kind`` (None: any)."""
@@ -103,7 +109,7 @@ class CommLog:
                    for r in self.select(phase, kind))
 
     def seconds(self, phase=None, kind=None) -> float:
-        """Wall-clock seconds those calls took on this rank."""
+        """Seconds those calls took on this rank."""
         return sum(r.seconds for r in self.select(phase, kind))
 
     def summary(self) -> dict:
@@ -115,41 +121,28 @@ class CommLog:
         return out
 
 
-_ACTIVE: list[CommLog] = []
-
-
 @contextmanager
 def record_comm():
     """``with record_comm() as log: ...`` records every collective on this rank."""
-    log = CommLog()
-    _ACTIVE.append(log)
-    try:
-        yield log
-    finally:
-        _ACTIVE.remove(log)
+    with observe.watch() as watcher:
+        yield CommLog(watcher)
 
 
 def recording() -> bool:
-    """Is any recorder on? Algorithms use it to skip bookkeeping when nobody measures."""
-    return bool(_ACTIVE)
+    """Is anybody watching? Algorithms use it to skip bookkeeping when nobody measures."""
+    return observe.watching()
 
 
-@contextmanager
 def collective(kind: str, nbytes: int, group_size: int, phase: str = "",
                device: torch.device | str | None = None):
-    """Wrap one communication call: recorded (timed, bytes) only while a recorder is on.
+    """Wrap one communication call: a ``"comm"`` span (:mod:`lecture_lib.observe`), timed
+    with the device synchronised at both ends, and only while somebody watches.
 
     ``nbytes`` follows ``costmodel.comm``: the full buffer (for a reduce-scatter
-    the input, for an all-gather the output). Timing synchronises a GPU at both
-    ends, so it happens only when measuring was asked for.
+    the input, for an all-gather the output).
     """
-    if not _ACTIVE:
-        yield
-        return
-    with wall_time(device) as t:
-        yield
-    for log in _ACTIVE:
-        log.records.append(CommRecord(kind, phase, int(nbytes), group_size, t.seconds))
+    return observe.span("comm", device, synchronize=True, kind=kind, phase=phase,
+                        nbytes=int(nbytes), group_size=group_size)
 
 
 def maybe(ctx):

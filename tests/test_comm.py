@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import comm
+from lecture_lib import comm, observe
 from lecture_lib.data_parallel import ddp as DDP
 from lecture_lib.models import GPT, GPTConfig, MarkovText
 
@@ -48,7 +48,7 @@ def _no_clock(*args, **kwargs):
 
 
 def test_the_recorder_off_reads_no_clock(monkeypatch):
-    monkeypatch.setattr(comm, "wall_time", _no_clock)
+    monkeypatch.setattr(observe, "now", _no_clock)
     assert not comm.recording()
     with comm.collective("all_reduce", 64, 4, "grads"):
         pass                                      # ran without touching the clock
@@ -117,15 +117,15 @@ def _ddp_step(variant, model, batch):
 def _recorder_on_ranks():
     p = dist.get_world_size()
     batch = MarkovText(CFG.vocab_size, CFG.seq_len, seed=1).batch(dist.get_rank(), 4)
-    saved = comm.wall_time
-    comm.wall_time = _no_clock                   # restored below: the worker serves more calls
+    saved = observe.now
+    observe.now = _no_clock                   # restored below: the worker serves more calls
     try:
         for variant in ("naive", "flat", "individual", "bucketed"):
             _ddp_step(variant, GPT(CFG, seed=0), batch)      # no recorder: no clock read
         comm.all_gather_into(torch.empty(2 * p), torch.ones(2))
         comm.reduce_scatter_into(torch.empty(2), torch.ones(2 * p))
     finally:
-        comm.wall_time = saved
+        observe.now = saved
     out = {}
     grad_bytes = sum(q.numel() * 4 for q in GPT(CFG).parameters())
     for variant in ("naive", "flat", "individual", "bucketed"):

@@ -40,7 +40,7 @@ LIBRARY = Path(__file__).resolve().parents[1] / "lecture_lib"
 ROOT_PACKAGE = "lecture_lib"
 
 LAYERS = [
-    ("tolerance", "comm", "models", "metrics", "progress", "costmodel", "dims"),
+    ("tolerance", "comm", "models", "metrics", "observe", "progress", "costmodel", "dims"),
     ("collectives", "bandwidth", "mesh", "runtime"),
     ("emulate",),
     ("data_parallel", "zero", "tensor_parallel", "pipeline", "context_parallel",
