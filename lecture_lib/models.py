@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -35,6 +35,8 @@ class GPTConfig:
     n_heads: int = 4
     n_layers: int = 4
     d_ff: int = 0            # 0 means 4 * d_model
+    n_kv_heads: int = 0      # grouped-query attention's key/value heads; 0 means n_heads
+    mlp: str = "gelu"        # "gelu" (GPT) or "swiglu" (Llama: gate, up and down projections)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_layers"):
@@ -44,39 +46,99 @@ class GPTConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ValueError(f"GPTConfig.mlp must be 'gelu' or 'swiglu', not {self.mlp!r}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def num_params(self, embeddings: bool = True) -> int:
+        """Parameters of :class:`GPT` with this shape (``embeddings=False``: without the token
+        and position embeddings, Kaplan et al.'s N; the output layer is not tied)."""
+        h, kv = self.d_model, self.n_kv_heads * self.head_dim
+        attn = 2 * (h * h + h) + 2 * (h * kv + kv)
+        mlp = (3 if self.mlp == "swiglu" else 2) * h * self.d_ff + self.d_ff * (
+            2 if self.mlp == "swiglu" else 1) + h
+        block = attn + mlp + 4 * h
+        body = self.n_layers * block + 2 * h + self.vocab_size * h
+        return body + (self.vocab_size + self.seq_len) * h if embeddings else body
+
+
+#: Models of real size, for the dry run (fake tensors: timed, never computed). One
+#: description each, shared by every experiment, the capstone and the cost model.
+REAL_SIZE = {
+    # Radford et al. 2019; the vocabulary padded to 50304 as llm.c does (a multiple of 128)
+    "GPT-2 small": GPTConfig(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12,
+                             n_layers=12),
+    "GPT-2 medium": GPTConfig(vocab_size=50304, seq_len=1024, d_model=1024, n_heads=16,
+                              n_layers=24),
+    # Brown et al. 2020, Table 2.1
+    "GPT-3 175B": GPTConfig(vocab_size=50257, seq_len=2048, d_model=12288, n_heads=96,
+                            n_layers=96),
+    # Llama 3 (Dubey et al. 2024, Table 3): GQA with 8 key/value heads, SwiGLU; RMSNorm and
+    # RoPE are not modelled (elementwise, no matmul and no communication: < 1% of a step)
+    "Llama 3 8B": GPTConfig(vocab_size=128256, seq_len=8192, d_model=4096, n_heads=32,
+                            n_layers=32, d_ff=14336, n_kv_heads=8, mlp="swiglu"),
+    "Llama 3 70B": GPTConfig(vocab_size=128256, seq_len=8192, d_model=8192, n_heads=64,
+                             n_layers=80, d_ff=28672, n_kv_heads=8, mlp="swiglu"),
+}
+
+
+def real_size(name: str, **changes) -> GPTConfig:
+    """One of :data:`REAL_SIZE`, with fields changed (``n_layers=2``, ``seq_len=4096``)."""
+    if name not in REAL_SIZE:
+        raise ValueError(f"unknown model {name!r}; one of {', '.join(REAL_SIZE)}")
+    return replace(REAL_SIZE[name], **changes)
+
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention; q, k, v kept as separate projections (easy to split by heads)."""
+    """Multi-head attention; q, k, v kept as separate projections (easy to split by heads).
+    With grouped-query attention (``n_kv_heads < n_heads``) k and v have fewer heads, each
+    shared by ``n_heads / n_kv_heads`` query heads."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        kv = cfg.n_kv_heads * cfg.head_dim
         self.q = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model)
-        self.v = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k = nn.Linear(cfg.d_model, kv)
+        self.v = nn.Linear(cfg.d_model, kv)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x):
         b, t, _ = x.shape
         q, k, v = (f(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for f in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
+def attention(q, k, v):
+    """Causal attention of q (b, heads, t, d) over k, v (b, kv heads, t, d); each key/value
+    head serves ``heads / kv heads`` query heads (grouped-query attention)."""
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class MLP(nn.Module):
+    """GPT's ``fc2(gelu(fc1(x)))``, or Llama's SwiGLU ``fc2(silu(gate(x)) * fc1(x))``."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff) if cfg.mlp == "swiglu" else None
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+        if self.gate is None:
+            return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
 
 
 class Block(nn.Module):

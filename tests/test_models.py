@@ -7,11 +7,13 @@ import torch
 import lecture_lib
 from lecture_lib.models import (
     GPT,
+    REAL_SIZE,
     GPTConfig,
     MarkovText,
     ToyMLP,
     TrainResult,
     assert_same_training,
+    real_size,
     regression_batch,
     shard,
     train_reference,
@@ -91,3 +93,31 @@ def test_assert_same_training_names_what_differs():
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GPTConfig(**kwargs)
+
+
+def test_real_size_models_have_their_published_parameter_counts():
+    billions = {name: cfg.num_params() / 1e9 for name, cfg in REAL_SIZE.items()}
+    assert abs(billions["GPT-3 175B"] - 175) < 0.5                     # Brown et al. 2020
+    llama_8b = billions["Llama 3 8B"] - 8192 * 4096 / 1e9             # Llama has no position table
+    assert abs(llama_8b - 8.03) < 0.01 and abs(billions["Llama 3 70B"] - 70.6) < 0.1
+    # GPT-2 small: 124M with the output layer tied to the embedding; ours is untied
+    assert abs(REAL_SIZE["GPT-2 small"].num_params(embeddings=False) / 1e6 - 123.7) < 0.1
+    assert real_size("GPT-3 175B", n_layers=2).n_layers == 2
+    with pytest.raises(ValueError, match="unknown model"):
+        real_size("GPT-5")
+
+
+@pytest.mark.parametrize("changes", [dict(n_kv_heads=2), dict(mlp="swiglu"),
+                                     dict(n_kv_heads=1, mlp="swiglu", d_ff=96)])
+def test_gqa_and_swiglu_count_their_parameters(changes):
+    cfg = GPTConfig(**changes)
+    assert sum(p.numel() for p in GPT(cfg).parameters()) == cfg.num_params()
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    assert GPT(cfg)(x, x).isfinite()
+
+
+def test_bad_gqa_or_mlp_is_refused():
+    with pytest.raises(ValueError, match="must divide"):
+        GPTConfig(n_kv_heads=3)
+    with pytest.raises(ValueError, match="gelu"):
+        GPTConfig(mlp="relu")
