@@ -19,7 +19,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from . import refusal
+from . import collective_refusal, refusal
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ _DDP = tuple(f"lecture_lib.data_parallel.ddp:{n}" for n in (
     "lecture_lib.debugging.planted:planted_ddp",
     "torch.nn.parallel.distributed:DistributedDataParallel")
 _CP = tuple(f"lecture_lib.context_parallel.ring:{n}" for n in (
-    "ring_shift", "ring_forward", "ring_backward", "RingAttention", "ring_attention"))
+    "ring_shift", "RingAttention", "RingFunction", "ring_attention"))
 
 #: Per exercise: what it asks the student to write, and the calls that are that answer.
 ANSWERS: dict[str, Answer] = {
@@ -95,7 +95,8 @@ ANSWERS: dict[str, Answer] = {
         "torch.distributed.fsdp._fully_shard._fully_shard:fully_shard")),
     "ex13": Answer("the online-softmax merge and the ring's step", (
         "lecture_lib.context_parallel.attention:merge",
-        "lecture_lib.context_parallel.ulysses:ulysses_attention") + _CP),
+        "lecture_lib.context_parallel.ulysses:ulysses_attention",
+        "lecture_lib.context_parallel.ulysses:UlyssesAttention") + _CP),
     "ex14": Answer("the ring all-reduce's alpha-beta cost and the two-stream step", (
         "lecture_lib.costmodel.ddp:two_stream_step", "lecture_lib.costmodel.comm:collective_time",
         "lecture_lib.emulate.comm:collective_seconds")),
@@ -147,7 +148,9 @@ def _import(ex: str, path: Path):
     answer = ANSWERS.get(ex)
     if answer is not None:                  # before the submission's first line runs
         refusal.refuse(ex, path, name, f"it is the library's answer to this exercise "
-                      f"({answer.what})", answer.calls, answer.send_recv_only)
+                      f"({answer.what})", answer.calls)
+        if answer.send_recv_only:
+            collective_refusal.refuse_collectives()
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -8,10 +8,8 @@ or through any alias, ``getattr``, a subclass or another library function;
 the tests' own code keeps using them. The function object itself refuses (its
 code is swapped for a check, so every reference to it does), in its module and
 wherever it is re-exported, also after a reload. Where an exercise allows
-point-to-point messages only, every collective is refused at each level Python
-reaches: ``torch.distributed``'s functions, the process group's and its
-backends' methods, the ``c10d`` operators (DDP, functional collectives) and
-the rendezvous store.
+point-to-point messages only, :mod:`.collective_refusal` refuses every collective
+too.
 
 "The submission's code" is a frame of its file on the calling thread's stack
 (above any import the submission started: a library module's own import code is
@@ -32,7 +30,6 @@ import os
 import sys
 import threading
 import types
-import warnings
 from contextlib import contextmanager
 
 
@@ -44,16 +41,6 @@ _SUBMISSION: dict = {}               # exercise, path, module, what, targets (mo
 _LOCAL = threading.local()           # depth, entry: a call the tests make into the submission
 _GUARDS: list = []                   # the checks the refusing functions' code calls
 _TRAMPOLINE = "<lecture_lib: refused to the submission>"
-#: c10d operators that move no data between ranks' tensors (point to point, barriers).
-_P2P_OPS = {"send", "recv_", "recv_any_source_", "barrier", "monitored_barrier_",
-            "check_for_nan", "wait_tensor", "isend", "irecv", "batch_p2p_ops"}
-_KINDS = {"allreduce": "all-reduce", "all_reduce": "all-reduce", "allgather": "all-gather",
-          "all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "broadcast": "broadcast",
-          "alltoall": "all-to-all", "all_to_all": "all-to-all", "gather": "gather",
-          "scatter": "scatter", "reduce": "reduce", "all_sum": "all-reduce"}
-_STORE_METHODS = ("set", "get", "add", "append", "compare_set", "multi_get", "multi_set",
-                  "wait", "check", "delete_key", "num_keys", "list_keys", "queue_push",
-                  "queue_pop", "queue_len")
 
 
 @contextmanager
@@ -68,7 +55,7 @@ def entered(name: str):
         _LOCAL.depth, _LOCAL.entry = depth, outer
 
 
-def _submission_frame(frame, immediate: bool = False):
+def submission_frame(frame, immediate: bool = False):
     """The submission's innermost frame on the stack from ``frame`` up; True where the
     submission runs without a frame of its own (called through the exercise's module, or on a
     thread it started); None where the call is not the submission's."""
@@ -89,7 +76,7 @@ def _submission_frame(frame, immediate: bool = False):
     return None
 
 
-def _refusal(call: str, why: str, where, who: str | None = None) -> str:
+def refusal_message(call: str, why: str, where, who: str | None = None) -> str:
     """One line: who called what, where, and why that is not allowed."""
     ex = _SUBMISSION["exercise"]
     if where is True:
@@ -139,12 +126,12 @@ def _guard_function(fn, call: str, why: str) -> None:
     body.__module__, body.__doc__ = fn.__module__, fn.__doc__
 
     def check(*args, **kwargs):
-        where, who = _submission_frame(sys._getframe(2)), None
+        where, who = submission_frame(sys._getframe(2)), None
         if where is None and args and _of_submission(args[0]):
             # a library method borrowed by, or inherited into, a class of the submission
             where, who = True, f"your {_type_name(args[0])} (a class of your module)"
         if where is not None:
-            raise LibraryAnswerRefused(_refusal(call, why, where, who))
+            raise LibraryAnswerRefused(refusal_message(call, why, where, who))
         return body(*args, **kwargs)
 
     try:
@@ -219,12 +206,12 @@ def _watch_threads() -> None:
     start, new_thread = threading.Thread.start, _thread.start_new_thread
 
     def thread_start(self):
-        if _submission_frame(sys._getframe(1)) is not None:
+        if submission_frame(sys._getframe(1)) is not None:
             self._lecture_submission = True
         return start(self)
 
     def start_new_thread(function, args, kwargs=None):
-        if _submission_frame(sys._getframe(1)) is not None:
+        if submission_frame(sys._getframe(1)) is not None:
             inner = function
 
             def function(*a, **k):
@@ -235,90 +222,10 @@ def _watch_threads() -> None:
     threading.Thread.start, _thread.start_new_thread = thread_start, start_new_thread
 
 
-def _collective_refusal(name: str, where) -> LibraryAnswerRefused:
-    short = name.rsplit(":", 1)[-1].rsplit(".", 1)[-1].strip("_")
-    kind = next((v for k, v in _KINDS.items() if short.startswith(k)), None)
-    what = f"the collective {kind} ({name})" if kind else f"the rendezvous store ({name})"
-    return LibraryAnswerRefused(_refusal(
-        what, "this exercise allows point-to-point messages only "
-        "(dist.send, recv, isend, irecv, batch_isend_irecv), no collective at any level "
-        "(torch.distributed, the process group or its backend, c10d operators, DDP, the store)",
-        where))
-
-
-class _OpGuard:
-    """A c10d operator's CPU kernel, refused to the submission: the level every collective a
-    Python caller reaches goes through (``dist.*``, the process group's methods, DDP's
-    reducer, functional collectives, ``torch.ops.c10d``), inference mode or not. Anyone
-    else's call runs the original kernel (this override steps aside for the call)."""
-
-    def __init__(self, namespace: str, name: str):
-        import torch  # noqa: PLC0415  (only where an exercise refuses collectives)
-        self.namespace, self.name = namespace, name
-        self.op = getattr(getattr(torch.ops, namespace), name).default
-        keys = [k for k in ("CPU", "SparseCPU")
-                if self.op.has_kernel_for_dispatch_key(getattr(torch._C.DispatchKey, k))]
-        self.keys, self.library = keys or ["CPU"], None
-        self._install()
-
-    def _install(self) -> None:
-        import torch  # noqa: PLC0415
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.library = torch.library.Library(self.namespace, "IMPL")
-            for key in self.keys:
-                self.library.impl(self.name, self.kernel, key)
-
-    def kernel(self, *args, **kwargs):
-        where = _submission_frame(sys._getframe(1))
-        if where is not None:
-            raise _collective_refusal(f"{self.namespace}::{self.name}", where)
-        self.library._destroy()
-        try:
-            return self.op(*args, **kwargs)
-        finally:
-            self._install()
-
-
-def _refuse_method(cls, name: str, immediate: bool = False) -> None:
-    original = getattr(cls, name, None)
-    if original is None:
-        return
-
-    def refusing(self, *args, **kwargs):
-        where = _submission_frame(sys._getframe(1), immediate)
-        if where is not None:
-            raise _collective_refusal(f"{cls.__name__}.{name}", where)
-        return original(self, *args, **kwargs)
-    setattr(cls, name, refusing)
-
-
-def _refuse_collectives() -> list:
-    import torch  # noqa: PLC0415
-    import torch.distributed  # noqa: F401, PLC0415
-    c10d = torch._C._distributed_c10d
-    guards = []
-    for full in torch._C._dispatch_get_all_op_names():
-        namespace, _, name = full.partition("::")
-        if namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd") \
-                and name not in _P2P_OPS:
-            guards.append(_OpGuard(namespace, name))
-    for name in dir(c10d.Backend):                   # a backend's methods skip the operators
-        if any(name.strip("_").startswith(k) for k in _KINDS):
-            _refuse_method(c10d.Backend, name)
-    for name in dir(c10d._StoreCollectives):
-        if not name.startswith("_"):
-            _refuse_method(c10d._StoreCollectives, name)
-    for name in _STORE_METHODS:                      # the store: the submission's own calls
-        _refuse_method(c10d.Store, name, immediate=True)
-    return guards
-
-
-def refuse(exercise: str, path: str, module: str, why: str, calls=(),
-           send_recv_only: bool = False) -> None:
+def refuse(exercise: str, path: str, module: str, why: str, calls=()) -> None:
     """Before ``exercise``'s submission (file ``path``, module ``module``) runs in this process:
-    ``calls`` (``"package.module:name"``) refuse it, saying ``why``; with ``send_recv_only``
-    every collective does too. Once per process."""
+    ``calls`` (``"package.module:name"``) refuse it, saying ``why``. Once per process.
+    (:func:`.collective_refusal.refuse_collectives` refuses every collective too.)"""
     if _SUBMISSION:
         return
     targets: dict = {}
@@ -332,6 +239,4 @@ def refuse(exercise: str, path: str, module: str, why: str, calls=(),
         if name in sys.modules:
             _guard_module(sys.modules[name])
     _watch_threads()
-    if send_recv_only:
-        _SUBMISSION["collectives"] = _refuse_collectives()
     importlib.invalidate_caches()
