@@ -249,9 +249,9 @@ def dispatch(x, expert_index, num_experts, group=None):
     p, rank = dist.get_world_size(group), dist.get_rank(group)
     local = num_experts // p
     counts = torch.bincount(expert_index, minlength=num_experts).view(1, -1)
-    table, _ = exchange_counts(SimpleNamespace(counts=counts,
+    table, _ = exchange_counts(SimpleNamespace(counts=counts, counts_all=None,
                                                probs=torch.zeros(len(x), num_experts)), group)
-    recv = table[:, 0, rank * local:(rank + 1) * local]
+    recv = torch.tensor(table)[:, 0, rank * local:(rank + 1) * local]
     send_splits, recv_splits = counts.view(p, local).sum(1).tolist(), recv.sum(1).tolist()
     order = expert_index.argsort(stable=True)
     received = all_to_all(x[order], send_splits, recv_splits, group)

@@ -1,15 +1,20 @@
 """Expert parallelism: the MoE layer on 1, 2 and 4 ranks equals the one-process layer
-(outputs, aux loss, dropped tokens, gradients; rtol 1e-5), the MoE GPT trains equal to
-one process, bad configurations fail before any rank starts."""
+(outputs, aux loss, dropped tokens, gradients; rtol 1e-5), with the learned router and with
+a routing fixed before the step; the MoE GPT trains equal to one process; bad
+configurations fail before any rank starts; the dry run reads the emulated real run's clock
+exactly, and times Mixtral's layer at real size."""
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 import lecture_lib
-from lecture_lib import comm, costmodel
+from lecture_lib import comm, costmodel, emulate, observe
 from lecture_lib import expert_parallel as ep
+from lecture_lib.expert_parallel import emulated as epe
 from lecture_lib.expert_parallel import experiments as epx
 from lecture_lib.models import GPTConfig, MarkovText, assert_same_training, train_reference
 
@@ -36,19 +41,21 @@ def _layer_results(group):
     for num_experts, k, cf in CASES:
         layer = ep.MoELayer(D, F, num_experts, k, cf, group=group, seed=3)
         x = x_all[rows].clone().to(dev).requires_grad_()
-        y = layer(x)
+        with observe.watch() as seen:
+            y = layer(x)
+        stats = epx.routing_stats(seen.notes("routing")[-1])
         ((y * up_all[rows].to(dev)).sum() + 0.5 * layer.aux_loss).backward()
         router_grad = layer.router.weight.grad
         if size > 1:
             dist.all_reduce(router_grad, group=g)
         out.append({
             "y": y.detach().cpu(), "x_grad": x.grad.cpu(), "aux": layer.aux_loss.item(),
-            "kept": layer.stats["kept"], "expert_index": layer.stats["expert_index"],
+            "kept": stats["kept"], "expert_index": stats["expert_index"],
             "router_grad": router_grad.cpu(),
             "expert_grads": {n: p.grad.cpu() for n, p in layer.experts.named_parameters()},
-            "stats": {key: layer.stats[key] for key in ("send_splits", "recv_splits",
-                                                        "sent_bytes", "dropped_fraction",
-                                                        "tokens_per_expert")},
+            "stats": {key: stats[key] for key in ("send_splits", "recv_splits",
+                                                  "sent_bytes", "dropped_fraction",
+                                                  "tokens_per_expert")},
         })
     return out
 
@@ -93,6 +100,13 @@ def test_layer_equals_one_process(world_size, reference):
         assert ref["stats"]["sent_bytes"] == 0
 
 
+def _forward(layer, x):
+    """The layer's output and what it routed (its "routing" note, watched)."""
+    with observe.watch() as seen:
+        y = layer(x)
+    return y, epx.routing_stats(seen.notes("routing")[-1])
+
+
 def test_capacity_drops_in_global_order():
     """Every token to expert 0: C = ceil(cf k T / E) slots kept, the first C tokens."""
     layer = ep.MoELayer(D, F, 4, 1, 1.0, group=ep.LOCAL, seed=0)
@@ -100,13 +114,13 @@ def test_capacity_drops_in_global_order():
         layer.router.weight.zero_()
         layer.router.weight[0] = 1.0
     x = torch.rand(TOKENS, D) + 1.0                      # positive: expert 0 wins, p ~ 1
-    y = layer(x)
+    y, stats = _forward(layer, x)
     cap = ep.expert_capacity(TOKENS, 4, 1, 1.0)
-    assert cap == 16 and layer.stats["capacity"] == 16
-    kept = layer.stats["kept"][:, 0]
+    assert cap == 16 and stats["capacity"] == 16
+    kept = stats["kept"][:, 0]
     assert kept[:cap].all() and not kept[cap:].any()
     assert torch.equal(y[cap:], torch.zeros_like(y[cap:])) and y[:cap].abs().sum() > 0
-    assert layer.stats["dropped_fraction"] == pytest.approx(1 - 1 / 4)
+    assert stats["dropped_fraction"] == pytest.approx(1 - 1 / 4)
     assert layer.aux_loss.item() == pytest.approx(4.0, rel=1e-3)      # collapse: aux -> E
     with torch.no_grad():
         layer.router.weight.zero_()                                  # even probabilities
@@ -119,10 +133,10 @@ def test_second_choices_queue_after_first_choices():
     with torch.no_grad():
         layer.router.weight.zero_()
         layer.router.weight[0] = 1.0                                 # first choice 0, second 1
-    layer(torch.rand(TOKENS, D) + 1.0)
-    kept = layer.stats["kept"]
+    _, stats = _forward(layer, torch.rand(TOKENS, D) + 1.0)
+    kept = stats["kept"]
     assert kept[:TOKENS // 2].all() and not kept[TOKENS // 2:].any()
-    assert torch.all(layer.stats["gates"].sum(1).sub(1).abs() < 1e-6)  # top-2 renormalised
+    assert torch.all(stats["gates"].sum(1).sub(1).abs() < 1e-6)      # top-2 renormalised
 
 
 def _train_small(world_size, moe, steps=3):
@@ -233,7 +247,8 @@ def _recorded_forward():
     layer(x).sum().backward()                      # no recorder on: nothing kept
     with comm.record_comm() as log:
         layer(x).sum().backward()
-    return log.summary(), layer.stats["buffer_bytes"], comm.recording()
+    buffer_bytes = epx.routing_sizes(log.watcher.notes("routing")[-1])["buffer_bytes"]
+    return log.summary(), buffer_bytes, comm.recording()
 
 
 def test_exchanges_are_recorded_when_a_recorder_is_on():
@@ -243,3 +258,127 @@ def test_exchanges_are_recorded_when_a_recorder_is_on():
         assert summary["combine"]["all_to_all"][0] == 1
         assert summary["backward"]["all_to_all"][0] == 2              # both, reversed
         assert not still_on
+
+
+# ----------------------------------------------------------------------------
+# A routing fixed before the step: equal to one process, and what the dry run needs
+# ----------------------------------------------------------------------------
+
+def test_drawn_choices_are_distinct_balanced_or_skewed():
+    balanced = ep.draw_choices(64, 8, 2)
+    assert balanced.shape == (64, 2) and (balanced[:, 0] != balanced[:, 1]).all()
+    assert ep.count_table(balanced, 8) == [[8] * 8, [8] * 8]        # T k / E slots each
+    drawn = ep.draw_choices(4096, 8, 2, seed=5, skew=1.0)
+    assert (drawn == ep.draw_choices(4096, 8, 2, seed=5, skew=1.0)).all()   # the seed fixes it
+    assert (drawn[:, 0] != drawn[:, 1]).all()
+    per_expert = [sum(c) for c in zip(*ep.count_table(drawn, 8))]
+    assert per_expert == sorted(per_expert, reverse=True) and per_expert[0] > 2 * 4096 * 2 / 8
+    uniform = [sum(c) for c in zip(*ep.count_table(ep.draw_choices(4096, 8, 1, seed=5), 8))]
+    assert max(uniform) < 1.15 * 4096 / 8
+    with pytest.raises(ValueError, match="larger than the number of experts"):
+        ep.draw_choices(8, 2, 3)
+
+
+def _fixed_layer(group, num_experts, k, cf, routing):
+    """The layer with a routing fixed before the step, forward and backward on this rank's
+    shard; what is compared with one process."""
+    g, rank, size = comm.resolve(group)
+    x_all, up_all = _data()
+    rows = slice(rank * TOKENS // size, (rank + 1) * TOKENS // size)
+    choices = ep.draw_choices(TOKENS, num_experts, k, **routing)
+    layer = ep.MoELayer(D, F, num_experts, k, cf, group=group, seed=3, mlp="swiglu")
+    layer.choose_experts = ep.FixedRouting(np.split(choices, size), rank, num_experts)
+    x = x_all[rows].clone().to(lecture_lib.device()).requires_grad_()
+    with observe.watch() as seen:
+        y = layer(x)
+    ((y * up_all[rows].to(x.device)).sum() + 0.5 * layer.aux_loss).backward()
+    note = seen.notes("routing")[-1]
+    router_grad = layer.router.weight.grad
+    if size > 1:
+        dist.all_reduce(router_grad, group=g)
+    return {"y": y.detach().cpu(), "x_grad": x.grad.cpu(), "aux": layer.aux_loss.item(),
+            "router_grad": router_grad.cpu(), "kept": note["admission"].keep.cpu(),
+            "expert": note["routing"].expert.cpu(), "choices": choices[rows],
+            # the table every rank knew before the step against the one the tensors count
+            "counted": note["routing"].counts.tolist(), "known": note["routing"].counts_all,
+            "experts": {n: p.grad.cpu() for n, p in layer.experts.named_parameters()}}
+
+
+@pytest.mark.parametrize("num_experts,k,cf,routing", [
+    (4, 2, 1.0, {"seed": 1, "skew": 1.5}),      # skewed: the popular experts drop slots
+    (8, 1, None, {}),                           # balanced, dropless
+])
+def test_fixed_routing_equals_one_process(num_experts, k, cf, routing):
+    ref = _fixed_layer(ep.LOCAL, num_experts, k, cf, routing)
+    assert (ref["expert"].numpy() == ref["choices"]).all()
+    assert (not ref["kept"].all()) if cf is not None else ref["kept"].all()
+    for world_size in (2, 4):
+        results = lecture_lib.run(_fixed_layer, world_size, None, num_experts, k, cf, routing,
+                                  timeout=120)
+        n = TOKENS // world_size
+        experts = {}
+        for rank, res in enumerate(results):
+            rows = slice(rank * n, (rank + 1) * n)
+            assert res["counted"] == res["known"][rank]
+            assert torch.equal(res["kept"], ref["kept"][rows])
+            torch.testing.assert_close(res["y"], ref["y"][rows], rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(res["x_grad"], ref["x_grad"][rows], rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(res["router_grad"], ref["router_grad"], rtol=RTOL,
+                                       atol=ATOL)
+            assert math.isclose(res["aux"], ref["aux"], rel_tol=RTOL)
+            experts.update(res["experts"])
+        assert experts.keys() == ref["experts"].keys()
+        for name, grad in ref["experts"].items():
+            torch.testing.assert_close(experts[name], grad, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def _real_and_dry(cfg, moe, tokens, routing, dtype):
+    """The layer's forward and backward emulated, on real tensors and then on fake ones."""
+    out = {}
+    for dry_run in (False, True):
+        with emulate.emulated("h100-node", dry_run=dry_run) as clock:
+            passed = epx.layer_pass(cfg, moe, tokens, routing, True, 1, 0, dtype)
+        out[dry_run] = ({**clock.summary(), "issued": list(clock.issued)}, passed["stats"])
+    return out
+
+
+SMALL = GPTConfig(vocab_size=1, seq_len=1, d_model=32, n_heads=1, n_layers=1, d_ff=64)
+
+
+@pytest.mark.parametrize("case", ["top-2 skewed, capacity 1, SwiGLU",
+                                  "top-1 balanced, dropless, bf16",
+                                  "top-2 drawn on 4 ranks, capacity 1.25"])
+def test_the_dry_run_reads_the_real_runs_clock_exactly(case):
+    cfg, moe, routing, dtype, ranks = {
+        "top-2 skewed, capacity 1, SwiGLU": (replace(SMALL, mlp="swiglu"), ep.MoEConfig(4, 2, 1.0),
+                                             {"seed": 0, "skew": 1.0}, torch.float32, 2),
+        "top-1 balanced, dropless, bf16": (SMALL, ep.MoEConfig(4, 1, None), {}, torch.bfloat16, 2),
+        "top-2 drawn on 4 ranks, capacity 1.25": (SMALL, ep.MoEConfig(8, 2, 1.25), {"seed": 3},
+                                                  torch.float32, 4)}[case]
+    for rank in lecture_lib.run(_real_and_dry, ranks, cfg, moe, 16, routing, dtype, timeout=120):
+        (real, real_stats), (dry, dry_stats) = rank[False], rank[True]
+        assert real["now"] > 0 and real["bytes_by_kind"]["all_to_all"] > 0
+        assert real_stats == dry_stats                     # split sizes fixed before the step
+        assert dry == real                    # now, totals, bytes, spans, issue times
+    if "skewed" in case:
+        assert real_stats["dropped_fraction"] > 0
+
+
+def test_mixtral_layer_at_real_size_in_the_dry_run():
+    """Mixtral 8x7B's MoE layer (h 4096, 8 SwiGLU experts of 14336, top-2, bf16, 8192 tokens
+    per GPU) on 2 emulated H100s: every all-to-all sends half its rows away; over
+    InfiniBand (one GPU per node) the same all-to-alls take longer."""
+    with pytest.raises(ValueError, match="divisible"):
+        epe.time_at_scale(3)
+    nvlink = epe.time_at_scale(2)
+    one = costmodel.all_to_all_bytes(8192, 4096, 2, 2, bytes_per_element=2)   # the closed form
+    for r in nvlink["ranks"]:
+        assert r["sent_bytes"] == 4 * one == 4 * 8192 * 2 * 4096 * 2 // 2   # dispatch, combine,
+        # and both again in backward: each sends (p - 1) / p of the rows, bf16
+        assert r["step"] == pytest.approx(r["compute"] + r["exposed"])
+        assert r["all_to_all"] <= r["exposed"]
+    assert 5e-3 < nvlink["step"] < 0.2 and 0 < nvlink["all_to_all_share"] < 0.2
+    assert nvlink["link"] == "NVLink" and nvlink["wall_seconds"] < 60
+    infiniband = epe.time_at_scale(2, gpus_per_node=1)
+    assert infiniband["link"] == "InfiniBand"
+    assert infiniband["all_to_all_share"] > 2 * nvlink["all_to_all_share"]

@@ -228,7 +228,8 @@ ANSWER_CALLS = {
         from lecture_lib.expert_parallel import exchange_counts
 
         def cheat():
-            exchange_counts(SimpleNamespace(counts=torch.ones(1, 4), probs=torch.ones(3, 4)))
+            exchange_counts(SimpleNamespace(counts=torch.ones(1, 4), counts_all=None,
+                                            probs=torch.ones(3, 4)))
         """, "lecture_lib.expert_parallel.dispatch.exchange_counts"),
     "ex12_fsdp_unit.py": ("""\
         import torch

@@ -1,28 +1,32 @@
-"""What notebook 07 runs: MoE training equal to one process, drop rates, layer timings.
+"""What notebook 07 runs: MoE training equal to one process, drop rates, the layer timed.
 
 * :func:`train_moe` (inside a rank, or ``group=LOCAL``) and
   :func:`train_expert_parallel` (launches the ranks): train :class:`MoEGPT`
   on :class:`models.MarkovText`, keeping the routing of every step.
-* :func:`load_imbalance`: busiest expert over the mean.
+* :func:`routing_stats`: what one forward routed, from the layer's ``"routing"``
+  note (:mod:`lecture_lib.observe`); :func:`load_imbalance`: busiest expert over the mean.
 * :func:`measure_drop_rates`: fraction of slots dropped against the capacity factor.
-* :func:`benchmark_layer`: the phases of one layer's forward timed on real ranks
-  (the layer's opt-in :class:`metrics.Timer`), with its split sizes and bytes;
-  :func:`benchmark_layer_sweep` does it for several world sizes, with progress.
+* :func:`layer_pass`: the rank function every timing runs, one layer's forward (and
+  backward) watched phase by phase. :func:`benchmark_layer` runs it on real ranks
+  (real seconds; :func:`benchmark_layer_sweep` for several world sizes), and
+  :mod:`.emulated` at real size in the emulation's dry run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from .. import comm
+from .. import comm, observe
 from ..comm import LOCAL
-from ..metrics import Timer
-from ..models import GPTConfig, MarkovText, TrainResult, make_optimizer, shard
+from ..models import GPTConfig, MarkovText, TrainResult, lm_loss, make_optimizer, shard
 from ..progress import progress
 from ..runtime import device, run
 from .layer import MoEGPT, MoELayer, sum_replicated_grads
-from .router import MoEConfig, check_moe
+from .router import FixedRouting, MoEConfig, check_moe, draw_choices
+
+PHASES = ("route", "counts", "dispatch", "experts", "combine")
 
 
 @dataclass
@@ -56,15 +60,19 @@ def train_moe(cfg: GPTConfig, moe: MoEConfig, steps: int, batch_size: int, lr: f
     for step in range(steps):
         x, y = shard(data.batch(step, batch_size), rank, size)
         opt.zero_grad(set_to_none=True)
-        model(x.to(dev), y.to(dev)).backward()
+        with observe.watch() as seen:
+            logits = model(x.to(dev))
+        lm = lm_loss(logits, y.to(dev))
+        model.objective(lm).backward()
         sum_replicated_grads(model.replicated_parameters(), group)
         opt.step()
-        lm = model.last_lm / size
+        lm, aux = lm.detach() / size, model.summed_aux_loss().detach()
         comm.all_reduce_flat([lm], group, phase="loss")
-        losses.append(float(lm + moe.aux_weight * model.last_aux))
-        aux_history.append(float(model.last_aux))
-        per_expert.append(torch.stack([m.stats["tokens_per_expert"] for m in model.moe_layers()]))
-        dropped.append(torch.tensor([m.stats["dropped_fraction"] for m in model.moe_layers()]))
+        losses.append(float(lm + moe.aux_weight * aux))
+        aux_history.append(float(aux))
+        stats = [routing_stats(note) for note in seen.notes("routing")]    # one per layer
+        per_expert.append(torch.stack([s["tokens_per_expert"] for s in stats]))
+        dropped.append(torch.tensor([s["dropped_fraction"] for s in stats]))
     params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     return MoETrainResult(losses, params, torch.stack(per_expert), torch.stack(dropped),
                           aux_history)
@@ -96,6 +104,38 @@ def train_expert_parallel(cfg: GPTConfig, moe: MoEConfig, world_size: int, steps
                           first.aux)
 
 
+def routing_sizes(note: dict) -> dict:
+    """The numbers of one forward's ``"routing"`` note, plain integers (a dry run has them).
+
+    ``tokens`` (global), ``capacity``, ``tokens_per_expert`` (before dropping) and
+    ``kept_per_expert`` (global), ``dropped_fraction``, this rank's ``send_splits`` and
+    ``recv_splits``, ``sent_bytes`` (to other ranks) and ``buffer_bytes`` (its send buffer).
+    """
+    a, plan, row_bytes = note["admission"], note["plan"], note["row_bytes"]
+    k = len(a.counts_all[0])
+
+    def per_expert(table):
+        return [sum(t[j][e] for t in table for j in range(k)) for e in range(len(table[0][0]))]
+
+    routed, kept, send = per_expert(a.counts_all), per_expert(a.kept_all), plan.send_splits
+    return {"tokens": a.tokens, "capacity": a.capacity, "tokens_per_expert": routed,
+            "kept_per_expert": kept,
+            "dropped_fraction": 1.0 - sum(kept) / (k * a.tokens) if a.tokens else 0.0,
+            "send_splits": send, "recv_splits": plan.recv_splits,
+            "sent_bytes": (sum(send) - send[a.rank]) * row_bytes,
+            "buffer_bytes": sum(send) * row_bytes}
+
+
+def routing_stats(note: dict) -> dict:
+    """:func:`routing_sizes` with the per-expert counts as tensors, and this rank's tokens:
+    ``expert_index`` and ``gates`` (n, k), ``kept`` (n, k) bool; copies on the CPU."""
+    routing, out = note["routing"], routing_sizes(note)
+    for key in ("tokens_per_expert", "kept_per_expert"):
+        out[key] = torch.tensor(out[key])
+    return {**out, "expert_index": routing.expert.cpu(), "gates": routing.gates.detach().cpu(),
+            "kept": note["admission"].keep.cpu()}
+
+
 def load_imbalance(tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """Max over mean tokens per expert (1 = even; E = all on one expert), on the last dim."""
     t = tokens_per_expert.double()
@@ -120,41 +160,80 @@ def measure_drop_rates(cfg: GPTConfig, moe: MoEConfig, params: dict, capacity_fa
         for cf in capacity_factors:
             for layer in model.moe_layers():
                 layer.capacity_factor = cf
-            model(x)
-            rates.append([layer.stats["dropped_fraction"] for layer in model.moe_layers()])
+            with observe.watch() as seen:
+                model(x)
+            rates.append([routing_sizes(n)["dropped_fraction"] for n in seen.notes("routing")])
     return torch.tensor(rates)
 
 
-def _benchmark_rank(tokens, d_model, d_ff, num_experts, k, capacity_factor, repeats, seed):
-    rank, size = comm.group_info()
-    dev = device()
-    layer = MoELayer(d_model, d_ff, num_experts, k, capacity_factor, seed=seed)
+def layer_pass(cfg: GPTConfig, moe: MoEConfig, tokens_per_rank: int, routing: dict | None = None,
+               backward: bool = True, repeats: int = 1, warmup: int = 1,
+               dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
+    """One :class:`MoELayer` (``cfg``'s ``d_model``, ``d_ff`` and ``mlp``) on this rank,
+    forward (and ``backward``), ``repeats`` times after ``warmup`` passes, watched.
+
+    ``routing=None``: the learned router on random tokens (the global batch drawn from
+    ``seed``, each rank its shard); else the keywords of :func:`~.router.draw_choices`
+    (``seed``, ``skew``): a :class:`~.router.FixedRouting`, which the dry run needs.
+    Returns ``seconds[phase]`` (mean over repeats; the five forward phases, and
+    "backward"), ``comm_seconds[label]`` (the same for the collectives, by the label each
+    carries: "counts", "dispatch", "combine", "backward"), ``spans`` of the last pass (phase,
+    start, end), its ``comm`` calls (kind, label, buffer bytes, seconds), its ``step``
+    ``(start, end)``, and its routing :func:`routing_sizes`.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number >= 1, not {repeats!r}")
+    layer, x, upstream = _layer_and_tokens(cfg, moe, tokens_per_rank, routing, backward, dtype,
+                                           seed)
+    mean: dict[str, float] = {}
+    with torch.set_grad_enabled(backward):
+        for i in range(warmup + repeats):
+            with observe.watch() as seen:
+                with observe.span("step", x.device):
+                    y = layer(x)
+                    if backward:
+                        with observe.span("backward", x.device):
+                            y.backward(upstream)
+            calls = [(f"comm:{s.data['phase']}", s.seconds) for s in seen.select("comm")]
+            for name, seconds in list(seen.totals().items()) + calls:
+                if i >= warmup:
+                    mean[name] = mean.get(name, 0.0) + seconds / repeats
+    step = seen.select("step")[0]
+    return {"seconds": {p: mean[p] for p in PHASES + ("backward",) if p in mean},
+            "comm_seconds": {p[5:]: t for p, t in mean.items() if p.startswith("comm:")},
+            "spans": [(s.name, s.start, s.end) for s in seen.spans if s.name in PHASES],
+            "comm": [(s.data["kind"], s.data["phase"], s.data["nbytes"], s.seconds)
+                     for s in seen.select("comm")],
+            "step": (step.start, step.end),
+            "stats": routing_sizes(seen.notes("routing")[-1])}
+
+
+def _layer_and_tokens(cfg, moe, tokens_per_rank, routing, backward, dtype, seed):
+    """The layer (its routing fixed if asked), this rank's tokens and their upstream gradient."""
+    _, rank, size = comm.resolve(None)
+    layer = MoELayer(cfg.d_model, cfg.d_ff, moe.num_experts, moe.k, moe.capacity_factor,
+                     seed=seed, mlp=cfg.mlp).to(dtype)
+    if routing is not None:
+        choices = draw_choices(tokens_per_rank * size, moe.num_experts, moe.k, **routing)
+        layer.choose_experts = FixedRouting(np.split(choices, size), rank, moe.num_experts)
     g = torch.Generator().manual_seed(seed + 1)
-    x_all = torch.randn(tokens, d_model, generator=g)
-    x = shard((x_all,), rank, size)[0].to(dev)
-    with torch.no_grad():
-        layer(x)                                             # warm-up
-        layer.timer = Timer(dev)
-        for _ in range(repeats):
-            layer(x)
-    stats = {key: layer.stats[key] for key in ("send_splits", "recv_splits", "sent_bytes",
-                                               "buffer_bytes", "dropped_fraction", "tokens")}
-    return {"seconds": {p: t / repeats for p, t in layer.timer.totals.items()},
-            "spans": layer.timer.spans[-len(layer.timer.spans) // repeats:], "stats": stats}
+    x_all = torch.randn(tokens_per_rank * size, cfg.d_model, generator=g, dtype=dtype)
+    x = shard((x_all,), rank, size)[0].to(device()).requires_grad_(backward)
+    return layer, x, torch.randn(x.shape, generator=g, dtype=dtype).to(x.device)
 
 
 def benchmark_layer(world_size: int, tokens: int = 4096, d_model: int = 128, d_ff: int = 512,
                     num_experts: int = 8, k: int = 1, capacity_factor: float | None = 1.25,
                     repeats: int = 5, seed: int = 0, timeout: float = 180) -> list[dict]:
-    """Time the phases of an MoE layer's forward on ``world_size`` ranks (fixed global tokens).
-
-    Per rank: ``seconds[phase]`` (mean over ``repeats``; phases "route", "counts",
-    "dispatch", "experts", "combine"), the timeline ``spans`` of the last forward
-    and the routing ``stats`` (split sizes, bytes sent to other ranks).
-    """
+    """Time the phases of an MoE layer's forward on ``world_size`` real ranks (fixed global
+    tokens, the learned router): per rank, :func:`layer_pass`'s ``seconds[phase]`` (phases
+    "route", "counts", "dispatch", "experts", "combine"), the timeline ``spans`` of the last
+    forward and the routing ``stats`` (split sizes, bytes sent to other ranks)."""
     _check_benchmark(world_size, tokens, num_experts, k, capacity_factor)
-    return run(_benchmark_rank, world_size, tokens, d_model, d_ff, num_experts, k,
-               capacity_factor, repeats, seed, timeout=timeout)
+    cfg = GPTConfig(vocab_size=1, seq_len=1, d_model=d_model, n_heads=1, n_layers=1, d_ff=d_ff)
+    return run(layer_pass, world_size, cfg, MoEConfig(num_experts, k, capacity_factor),
+               tokens // world_size, None, False, repeats, 1, torch.float32, seed,
+               timeout=timeout)
 
 
 def _check_benchmark(world_size, tokens, num_experts, k, capacity_factor) -> None:

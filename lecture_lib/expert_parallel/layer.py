@@ -1,25 +1,16 @@
-"""The MoE layer, its experts spread over the ranks, and the small GPT built from it.
+"""The MoE layer with its experts spread over the ranks, and the small GPT built from it.
 
-:class:`MoELayer` runs five named steps, each a method: **route** (top-k of
-the router's softmax, :mod:`.router`), **plan** (exchange the count tables,
-fill the capacity in global order, the aux loss, the split sizes,
-:mod:`.dispatch`), **dispatch** (all-to-all to the experts' ranks),
-**experts** (each local expert on its rows) and **combine** (all-to-all
-back, weight by the gates, sum per token).
+:class:`MoELayer`'s forward is the lecture's five steps: **route** (each token picks ``k``
+experts), **count** (the ranks exchange their count tables; capacity, the aux loss and the
+split sizes follow), **dispatch** (all-to-all to the experts' ranks), **experts** (each
+local expert on its rows), **combine** (all-to-all back, weighted by the gates, summed per
+token). Rank r of p holds experts ``[r E/p, (r+1) E/p)`` and routes its own tokens.
 
-Equal to one process: the same layer with every expert local
-(``group=LOCAL``, or one rank) is the reference. On ``p`` ranks, each rank
-holding ``1/p`` of the tokens, the outputs, the aux loss, the dropped tokens,
-the input and expert gradients, and the router gradient summed over ranks
-equal the reference's (tests: rtol 1e-5).
-
-Losses on ranks: :class:`MoEGPT` returns this rank's *share* of the global
-objective, ``lm_loss / p + aux_weight * aux``, where ``aux`` carries the
-global value but the gradient of this rank's tokens only; summing the
-gradients of replicated parameters over the ranks
-(:func:`sum_replicated_grads`) then gives the gradient of the one-process
-loss exactly, and expert gradients need no reduction at all (the combine
-all-to-all's backward already brings every token's gradient to its expert).
+Equal to one process: with every expert local (``group=LOCAL``) the layer is the
+reference, and on ``p`` ranks outputs, aux loss, dropped tokens and gradients equal it
+(tests: rtol 1e-5). A watcher (:mod:`lecture_lib.observe`) sees each step as a span
+("route", "counts", "dispatch", "experts", "combine") and each forward's routing as a
+``"routing"`` note (the routing, its admission, its plan).
 """
 from __future__ import annotations
 
@@ -27,55 +18,76 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import comm
+from .. import comm, observe
 from ..comm import LOCAL
 from ..models import GPT, MLP, GPTConfig, init_weights, lm_loss
 from ..runtime import device
-from .dispatch import DispatchPlan, all_to_all, exchange_counts, plan_dispatch
-from .router import (
-    Admission,
-    MoEConfig,
-    Routing,
-    admit,
-    check_moe,
-    load_balancing_loss,
-    top_k_route,
-)
+from .dispatch import all_to_all, exchange_counts, plan_dispatch
+from .router import MoEConfig, admit, check_moe, load_balancing_loss, top_k_route
 
 
 class MoELayer(nn.Module):
-    """Router + ``num_experts`` MLPs spread over the ranks of ``group``.
+    """Router + ``num_experts`` MLPs (``mlp``: "gelu" or "swiglu") over the ranks of ``group``.
 
-    ``MoELayer(d_model, d_ff, num_experts, k, capacity_factor, group, seed)``;
-    ``forward(x)`` takes ``(..., d_model)`` and returns the same shape. After a
-    forward, ``layer.aux_loss`` is the load-balancing loss (global value,
-    gradient through this rank's tokens) and ``layer.stats`` the routing
-    (global tokens per expert, kept slots, capacity, bytes sent...), built
-    when read. Weights come from ``seed`` through :func:`models.init_weights`
-    on the full set of experts, then each rank keeps its own, so every world
-    size starts from the same weights. Experts are kept in
-    ``self.experts[str(e)]`` under their *global* index, so parameter names
-    match the one-process layer. Set ``layer.timer = metrics.Timer(...)`` to
-    time the phases of forward: "route", "counts" (all-gather of counts),
-    "dispatch" (all-to-all), "experts", "combine" (all-to-all back).
+    ``forward(x)`` takes ``(..., d_model)`` and returns the same shape, and sets
+    ``aux_loss`` (global value, gradient through this rank's tokens). Weights come
+    from ``seed`` on the full set of experts, then each rank keeps its own, so every
+    world size starts from the same weights; experts are kept in
+    ``self.experts[str(e)]`` under their *global* index, as in the one-process layer.
+    ``choose_experts`` is :func:`~.router.top_k_route`, or a
+    :class:`~.router.FixedRouting` for a routing decided before the step.
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, k: int = 1,
-                 capacity_factor: float | None = 1.25, group=None, seed: int | None = 0):
+                 capacity_factor: float | None = 1.25, group=None, seed: int | None = 0,
+                 mlp: str = "gelu"):
         super().__init__()
         check_moe(num_experts, k, capacity_factor)
         self.d_model, self.num_experts, self.k = d_model, num_experts, k
         self.capacity_factor = capacity_factor
         self.router = nn.Linear(d_model, num_experts, bias=False)
-        cfg = GPTConfig(vocab_size=1, seq_len=1, d_model=d_model, n_heads=1, n_layers=1, d_ff=d_ff)
-        self.experts = nn.ModuleDict({str(e): MLP(cfg) for e in range(num_experts)})
-        self.timer = None                         # a metrics.Timer: off unless a caller sets it
+        self.choose_experts = top_k_route
+        shape = GPTConfig(vocab_size=1, seq_len=1, d_model=d_model, n_heads=1, n_layers=1,
+                          d_ff=d_ff, mlp=mlp)
+        self.experts = nn.ModuleDict({str(e): MLP(shape) for e in range(num_experts)})
         self.aux_loss: torch.Tensor | None = None
-        self._last: tuple | None = None           # what the stats are built from
-        self._stats: dict | None = None
         if seed is not None:
             init_weights(self, seed)
         self.place_experts(group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        with observe.span("route", x.device):
+            routing = self.choose_experts(self.router(x), self.k)
+        with observe.span("counts", x.device):
+            counts_all, prob_sum = exchange_counts(routing, self.group)
+            admitted = admit(routing, counts_all, self.ep_rank, self.capacity_factor)
+            self.aux_loss = load_balancing_loss(routing.probs, counts_all, prob_sum,
+                                                admitted.tokens)
+            plan = plan_dispatch(routing, admitted, self.expert_ids)
+        with observe.span("dispatch", x.device):
+            received = all_to_all(x[plan.token_of], plan.send_splits, plan.recv_splits,
+                                  self.group, "dispatch")
+        with observe.span("experts", x.device):
+            processed = self.run_experts(received, plan.recv_per)
+        with observe.span("combine", x.device):
+            back = all_to_all(processed, plan.recv_splits, plan.send_splits, self.group,
+                              "combine")
+            gates = routing.gates.T.reshape(-1)[plan.order].unsqueeze(1).to(x.dtype)
+            y = torch.zeros_like(x).index_add(0, plan.token_of, back * gates)   # dropped: 0
+        observe.note("routing", routing=routing, admission=admitted, plan=plan,
+                     row_bytes=x.shape[-1] * x.element_size())
+        return y.reshape(shape)
+
+    def run_experts(self, received: torch.Tensor, recv_per: list[list[int]]) -> torch.Tensor:
+        """Rows arrive by source rank, then by expert: regroup them by expert, run each
+        expert once on all its rows, and put the results back in arrival order."""
+        p, local = len(recv_per), self.local_experts
+        chunks = received.split([n for row in recv_per for n in row])   # (rank r, expert i)
+        outputs = [self.experts[str(e)](torch.cat(chunks[i::local]))
+                   for i, e in enumerate(self.expert_ids)]
+        pieces = [out.split([recv_per[r][i] for r in range(p)]) for i, out in enumerate(outputs)]
+        return torch.cat([pieces[i][r] for r in range(p) for i in range(local)])
 
     def place_experts(self, group) -> None:
         """Keep only this rank's experts: rank r of p holds ``[r E/p, (r+1) E/p)``."""
@@ -90,93 +102,17 @@ class MoELayer(nn.Module):
         if group != LOCAL and dist.is_initialized():
             self.to(device())                    # cuda:<local rank> under NCCL
 
-    def _phase(self, name):
-        return comm.maybe(self.timer(name) if self.timer is not None else None)
-
-    # -- the five steps ----------------------------------------------------------------
-
-    def route(self, x: torch.Tensor) -> Routing:
-        """Top-k of the router's softmax, the gates, this rank's (k, E) count table."""
-        with self._phase("route"):
-            return top_k_route(self.router(x), self.k)
-
-    def plan(self, routing: Routing) -> tuple[Admission, DispatchPlan]:
-        """Exchange counts, fill the capacity, set ``aux_loss``, lay out the send buffer."""
-        with self._phase("counts"):
-            counts_all, prob_sum = exchange_counts(routing, self.group)
-        with self._phase("route"):
-            admitted = admit(routing, counts_all, self.ep_rank, self.capacity_factor)
-            self.aux_loss = load_balancing_loss(routing.probs, counts_all, prob_sum,
-                                                admitted.tokens)
-            return admitted, plan_dispatch(routing, admitted, self.expert_ids)
-
-    def dispatch(self, x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-        """Each kept slot's token to the rank of its expert."""
-        with self._phase("route"):
-            send = x[plan.token_of]
-        with self._phase("dispatch"):
-            return all_to_all(send, plan.send_splits, plan.recv_splits, self.group, "dispatch")
-
-    def run_experts(self, received: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-        """Rows arrive by source rank, then by expert: group them by expert, run, restore."""
-        with self._phase("experts"):
-            local = torch.arange(self.local_experts, device=received.device).repeat(self.ep_size)
-            row_expert = local.repeat_interleave(plan.recv_per.flatten().to(received.device))
-            by_expert = row_expert.argsort(stable=True)
-            chunks = received[by_expert].split(plan.recv_per.sum(0).tolist())
-            done = torch.cat([self.experts[str(e)](c) for e, c in zip(self.expert_ids, chunks)])
-            return done[by_expert.argsort()]
-
-    def combine(self, processed, routing: Routing, plan: DispatchPlan, x) -> torch.Tensor:
-        """The results home, weighted by their gates, summed per token (dropped: zero)."""
-        with self._phase("combine"):
-            back = all_to_all(processed, plan.recv_splits, plan.send_splits, self.group,
-                              "combine")
-        with self._phase("route"):
-            weight = routing.gates.T.reshape(-1)[plan.order].unsqueeze(1).to(x.dtype)
-            return torch.zeros_like(x).index_add(0, plan.token_of, back * weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        routing = self.route(x)
-        admitted, plan = self.plan(routing)
-        processed = self.run_experts(self.dispatch(x, plan), plan)
-        y = self.combine(processed, routing, plan, x)
-        self._last = (routing.expert, routing.gates.detach(), admitted, plan, x.element_size())
-        self._stats = None
-        return y.reshape(shape)
-
-    # -- what the notebook reads --------------------------------------------------------
-
-    @property
-    def stats(self) -> dict:
-        """The last forward's routing (copied to the CPU on first read; ``{}`` before any)."""
-        if self._stats is None and self._last is not None:
-            expert, gates, a, plan, itemsize = self._last
-            element = itemsize * self.d_model
-            send = plan.send_splits
-            self._stats = {
-                "tokens": a.tokens, "capacity": a.capacity,
-                "tokens_per_expert": a.counts_all.sum((0, 1)).cpu(),    # before dropping
-                "kept_per_expert": a.kept_all.sum((0, 1)).cpu(),
-                "dropped_fraction": (1.0 - float(a.kept_all.sum()) / (self.k * a.tokens)
-                                     if a.tokens else 0.0),
-                "expert_index": expert.cpu(), "gates": gates.cpu(), "kept": a.keep.cpu(),
-                "send_splits": send, "recv_splits": plan.recv_splits,
-                "sent_bytes": (sum(send) - send[self.ep_rank]) * element,
-                "buffer_bytes": sum(send) * element,
-            }
-        return self._stats if self._stats is not None else {}
-
 
 class MoEGPT(GPT):
     """:class:`models.GPT` whose every block's MLP is an :class:`MoELayer`.
 
-    ``model(idx)`` gives logits; ``model(idx, targets)`` gives this rank's
-    share of the objective, ``lm_loss / p + aux_weight * sum of aux losses``
-    (the plain loss on one process), and keeps ``model.last_lm`` and
-    ``model.last_aux`` (detached). All weights come from ``seed``.
+    ``model(idx)`` gives logits; ``model(idx, targets)`` gives this rank's share of the
+    objective, ``lm_loss / p + aux_weight * aux`` (:meth:`objective`; the plain loss on
+    one process): ``aux`` carries the global value but the gradient of this rank's tokens,
+    so summing the replicated parameters' gradients over the ranks
+    (:func:`sum_replicated_grads`) gives the one-process gradient, and expert gradients
+    need no reduction (the combine all-to-all's backward brings each token's gradient to
+    its expert). All weights come from ``seed``.
     """
 
     def __init__(self, cfg: GPTConfig | None = None, moe: MoEConfig | None = None,
@@ -187,12 +123,24 @@ class MoEGPT(GPT):
         self.moe = moe
         for block in self.blocks:
             block.mlp = MoELayer(cfg.d_model, cfg.d_ff, moe.num_experts, moe.k,
-                                 moe.capacity_factor, group=LOCAL, seed=None)
+                                 moe.capacity_factor, group=LOCAL, seed=None, mlp=cfg.mlp)
         init_weights(self, seed)                # the whole model, every expert, one generator
         for layer in self.moe_layers():
             layer.place_experts(group)
         self.ep_size = self.moe_layers()[0].ep_size
         self.to(self.moe_layers()[0].router.weight.device)
+
+    def forward(self, idx, targets=None):
+        logits = super().forward(idx)
+        return logits if targets is None else self.objective(lm_loss(logits, targets))
+
+    def objective(self, lm: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the global objective: ``lm / p + aux_weight * aux``."""
+        return lm / self.ep_size + self.moe.aux_weight * self.summed_aux_loss()
+
+    def summed_aux_loss(self) -> torch.Tensor:
+        """The load-balancing losses of the last forward, summed over the MoE layers."""
+        return sum(layer.aux_loss for layer in self.moe_layers())
 
     def moe_layers(self) -> list[MoELayer]:
         return [block.mlp for block in self.blocks]
@@ -204,15 +152,6 @@ class MoEGPT(GPT):
         """Every parameter that each rank holds a copy of (gradients summed over ranks)."""
         experts = {id(p) for p in self.expert_parameters()}
         return [p for p in self.parameters() if id(p) not in experts]
-
-    def forward(self, idx, targets=None):
-        logits = super().forward(idx)
-        if targets is None:
-            return logits
-        lm = lm_loss(logits, targets)
-        aux = sum(layer.aux_loss for layer in self.moe_layers())
-        self.last_lm, self.last_aux = lm.detach(), aux.detach()
-        return lm / self.ep_size + self.moe.aux_weight * aux
 
 
 def sum_replicated_grads(params, group=None) -> None:

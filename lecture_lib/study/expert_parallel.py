@@ -46,7 +46,7 @@ def _aux(probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     """Switch's E sum_e f_e P_e for one batch on one rank, top-1 (``chosen``: each token's
     expert), differentiable through ``probs``."""
     tokens, experts = probs.shape
-    counts = torch.bincount(chosen, minlength=experts).view(1, 1, experts)
+    counts = [[torch.bincount(chosen, minlength=experts).tolist()]]     # one rank, one choice
     return load_balancing_loss(probs, counts, probs.detach().sum(0), tokens)
 
 

@@ -41,7 +41,7 @@ def dispatch_example(p: int = 4, tokens_per_rank: int = 6, num_experts: int = 4,
     router = torch.randn(d_model, num_experts, generator=gen) * 3
     x = [torch.randn(tokens_per_rank, d_model, generator=gen) for _ in range(p)]
     routings = [top_k_route(xr @ router, k) for xr in x]
-    counts_all = torch.stack([r.counts for r in routings])       # what exchange_counts gathers
+    counts_all = torch.stack([r.counts for r in routings]).tolist()   # what exchange_counts gathers
     per = num_experts // p
     experts_of = [list(range(s * per, (s + 1) * per)) for s in range(p)]
     admitted = [admit(routings[r], counts_all, r, capacity_factor) for r in range(p)]
