@@ -12,14 +12,16 @@ Stanford CS336 assignment 2 (and, in spirit, of torch's DistributedDataParallel)
   gradients first) and starting a new bucket when the next parameter would push
   the bucket past ``bucket_size_mb`` MB (``2**20`` bytes; a parameter larger than
   that gets a bucket of its own), and keep them as ``self.buckets``, a list of
-  buckets, each a list of parameters (the tests read how many there are);
+  buckets, each a list of parameters (the tests read which parameters each holds);
   register a post-accumulate-grad hook on every such parameter
   (``p.register_post_accumulate_grad_hook``).
 * during backward (the hook): count the bucket's ready gradients; when the bucket
   is full, flatten its gradients into one buffer, divide by the world size and
   launch ``dist.all_reduce(buffer, async_op=True)`` at once, so the
   communication overlaps the rest of backward. Launch the buckets in index order
-  on every rank (all ranks must issue their collectives in the same order).
+  on every rank (all ranks must issue their collectives in the same order). The
+  tests note, at each launch, how many gradients backward has produced: bucket
+  i's all-reduce goes as soon as buckets 0 to i are all full, not later.
 * ``finish_gradient_synchronization()``: wait for every launched all-reduce and
   copy the averaged values back into each parameter's ``.grad``.
 * ``forward`` calls the wrapped module; ``.module`` is the wrapped module.

@@ -17,7 +17,10 @@ gives chunks whose sizes differ by at most one, so any size works), then:
    one chunk right and overwrites its copy of the chunk arriving from the left.
    Afterwards every chunk is the full sum on every rank.
 
-Both work in place on the list of chunks (views of one flat buffer). Post each
+Both work in place on the list of chunks (views of one flat buffer), and
+``ring_all_reduce`` is the two in turn: each rank sends ``2 (world_size - 1)``
+chunks in all, about ``2 (world_size - 1) / world_size`` times the tensor's bytes
+(the tests count each rank's messages, their peers and their bytes). Post each
 send with ``isend`` before the matching receive so no rank waits for another
 to receive first, and skip empty chunks (a tensor with fewer elements than
 ranks). gloo cannot send from a rank to itself ("Pair is not connected"), so

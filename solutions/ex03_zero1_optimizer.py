@@ -6,9 +6,19 @@ share of the parameters:
 
 * ``param_groups`` hold *every* parameter (so ``zero_grad`` reaches them all);
 * parameters are owned one by one, round-robin in the order they are added
-  (parameter i belongs to rank ``i % world_size``); the wrapped optimizer
-  ``optimizer_cls(owned, **kwargs)`` sees only this rank's parameters, so
-  only they get Adam moments;
+  (parameter i belongs to rank ``i % world_size``); the wrapped optimizer,
+  made by ``optimizer_cls`` with ``**kwargs``, sees only this rank's
+  parameters, so only they get optimizer state (Adam's moments, SGD's
+  momentum). ``optimizer_cls`` is any ``torch.optim`` optimizer class: the
+  tests pass AdamW, and SGD with momentum through a class of their own that
+  notes every parameter it is given and the state it keeps;
+* a rank may own no parameter of a group (a group smaller than the world, or
+  a model with fewer parameters than ranks). Either choice is right: give the
+  wrapped optimizer the group with an empty parameter list (the list-of-groups
+  form accepts it: ``optimizer_cls([{"params": [], ...}], **kwargs)``, while
+  ``optimizer_cls([], ...)`` raises "empty parameter list"), or leave the
+  group out of the wrapped optimizer (and make the wrapped optimizer only once
+  the rank owns a parameter; ``step()`` then only broadcasts);
 * ``step()`` steps the owned parameters, then every parameter is broadcast
   from its owner (``dist.broadcast(p.data, src=owner)``), so each rank ends with
   all updated parameters. The tests count the bytes each rank broadcasts in

@@ -29,8 +29,9 @@ on a stream of their own. Predict how long one step takes.
    in seconds; ``t_comm`` all the all-reduces, ``t_last`` the last bucket's).
    Write the end of the last all-reduce in closed form (the communication stream
    is a queue), then say: can the step be shorter than this formula? When is the
-   formula exact, and by how much can it be off? (The tests check your step against the queue's
-   closed form, by-hand cases and the emulation itself, within 5%.)
+   formula exact, and by how much can it be off? (The tests check your step on bucket layouts
+   this statement does not show, against the queue's closed form and the emulation's two
+   streams; on the emulated DDP step within 5%; and on a few cases by hand.)
 """
 
 

@@ -52,7 +52,7 @@ def _train(dtype, steps):
     units = [ex.FSDPUnit(layer, dtype) for layer in model.layers]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)           # the shards, built the usual way
     r, n = dist.get_rank(), dist.get_world_size()
-    losses, seen = [], []
+    losses, seen, after_forward = [], [], []
     model.layers[0].register_forward_pre_hook(           # runs after the unit's gather
         lambda m, a: seen.append((m.weight.dtype, tuple(m.weight.shape))))
     for step in range(steps):
@@ -61,6 +61,7 @@ def _train(dtype, steps):
         opt.zero_grad()
         with record_comm() as log, record_dist() as moved:
             loss = model(x.to(dtype), y.to(dtype))
+            after_forward.append([f.numel() for u in units for f in u.full])
             loss.backward()
         opt.step()
         total = loss.detach().float()
@@ -70,7 +71,7 @@ def _train(dtype, steps):
     params = dict(zip(names, (p for u in units for p in _full(u))))
     return {"result": TrainResult(losses, params), "seen": seen,
             "shards": [(tuple(p.shape), p.dtype, p.grad.dtype) for p in model.parameters()],
-            "held": [f.numel() for u in units for f in u.full],
+            "held": [f.numel() for u in units for f in u.full], "after_forward": after_forward,
             "gathered": log.buffer_bytes(kind="all_gather"),
             "scattered": log.buffer_bytes(kind="reduce_scatter"),
             "calls": [e["kind"] for e in moved], "units": len(units),
@@ -81,12 +82,31 @@ def _both(steps):
     return {"fp32": _train(torch.float32, steps), "bf16": _train(torch.bfloat16, 1)}
 
 
+def _too_few_gathers(got):
+    """Why a step ran fewer all-gathers than 2 per unit, in words."""
+    kept = sum(got["after_forward"][0])
+    if kept:
+        return (f"after forward the units still held {kept} elements of full weights "
+                "(expected 0): they were never freed after forward, so never gathered again "
+                "for backward. free() drops them (after forward and after backward), and "
+                "gather() runs again, in full, before backward")
+    return ("a unit's weights were not gathered again for backward: gather() must run its "
+            "all-gather every time it is called")
+
+
+@pytest.mark.weight(3)
 def test_one_all_gather_and_one_reduce_scatter_per_unit():
+    """Per unit and step: one all-gather before forward, one again before backward, one
+    reduce-scatter of all the unit's gradients, and no other collective."""
     for rank, r in enumerate(ex.run(_both, 2, 1, timeout=60)):
         got = r["fp32"]
         calls, units = got["calls"], got["units"]
         gathers, scatters = calls.count("all_gather"), calls.count("reduce_scatter")
         others = sorted({c for c in calls if c not in ("all_gather", "reduce_scatter")})
+        assert gathers >= 2 * units, (
+            f"rank {rank}: {gathers} all-gathers in one step of {units} units, expected "
+            f"{2 * units}: one per unit before forward and one again before backward; "
+            + _too_few_gathers(got))
         assert gathers == 2 * units, (
             f"rank {rank}: {gathers} all-gathers in one step of {units} units (2 parameters "
             f"each), expected {2 * units}: ONE per unit in forward and one in backward "
@@ -98,7 +118,9 @@ def test_one_all_gather_and_one_reduce_scatter_per_unit():
         assert not others, f"rank {rank}: the step also ran {others}; an FSDP unit needs none"
 
 
+@pytest.mark.weight(2)
 def test_fp32_trains_like_one_process_and_frees_what_it_gathers():
+    """fp32: equal to one process; no full weight left after backward; shard shapes."""
     ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
     for rank, r in enumerate(ex.run(_both, 2, STEPS, timeout=60)):
         got = r["fp32"]
@@ -118,8 +140,10 @@ def _cast_reference_grads():
     return [p.grad.float().reshape(-1) for p in model.parameters()]
 
 
+@pytest.mark.weight(3)
 @pytest.mark.sixteen_bit
 def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
+    """bf16: computes in bf16, moves half the bytes, returns fp32 gradients like one process's."""
     ref = _cast_reference_grads()
     results = ex.run(_both, 2, 1, timeout=60)
     for rank, r in enumerate(results):
@@ -149,6 +173,7 @@ def test_bf16_compute_gathers_half_the_bytes_and_returns_fp32_grads():
 
 
 def test_works_at_world_size_4():
+    """With 4 ranks, fp32 training equals one process."""
     ref = train_reference(ToyMLP(SIZES), batches, STEPS, lr=0.1, optimizer="sgd")
     for r in ex.run(_both, 4, STEPS, timeout=60):
         assert_same_training(r["fp32"]["result"], ref, rtol=1e-5, atol=1e-6)

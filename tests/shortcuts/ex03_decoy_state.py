@@ -1,6 +1,6 @@
 # shortcut: a full AdamW does all the work on every rank; a decoy makes opt.state look sharded, and step() communicates nothing
 # graded as: ex03_zero1_optimizer.py
-# scores: at most 9
+# scores: at most 5
 # message: communicated nothing
 import torch
 import torch.distributed as dist

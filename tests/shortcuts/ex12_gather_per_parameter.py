@@ -1,6 +1,6 @@
 # shortcut: the worked solution with its one all-gather per unit replaced by one all-gather per parameter (right weights, twice the all-gathers of a 2-parameter unit)
 # graded as: ex12_fsdp_unit.py
-# scores: at most 9
+# scores: at most 7
 # message: all-gathers in one step
 """Exercise 12: one FSDP unit, with a compute dtype (Stanford CS336 2026, PyTorch FSDP2).
 
