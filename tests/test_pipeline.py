@@ -28,6 +28,7 @@ from lecture_lib.models import (
 )
 from lecture_lib.pipeline import experiments as ppx
 from lecture_lib.pipeline import schedules
+from lecture_lib.pipeline.fixed_cost import nap_until
 from lecture_lib.runtime import launch
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=8)
@@ -319,7 +320,7 @@ def test_pipelines_on_process_groups(reference):
 def test_fixed_cost_wait_ends_at_its_deadline_not_before():
     for wait in (0.0, 0.004, 0.02):
         deadline = time.perf_counter() + wait
-        ppx.nap_until(deadline)
+        nap_until(deadline)
         late = time.perf_counter() - deadline
         assert 0 <= late < 0.05, (wait, late)        # wide: a loaded machine can delay any wake-up
 
@@ -346,7 +347,14 @@ def _recorded_or_not():
     for name, recorder in [("none", None), ("timeline", pp.StepRecorder()),
                            ("activations", pp.StepRecorder(activations=True))]:
         chunk.zero_grad(set_to_none=True)
-        record = executor.step(x, y, recorder=recorder)
+        if recorder is None:
+            loss = executor.step(x, y)
+            record = pp.StepRecord(executor.stage)
+        else:
+            with recorder.watching(executor):
+                loss = executor.step(x, y)
+            record = recorder.record
+        record.loss = None if loss is None else loss.item()
         out[name] = (record, {n: p.grad.clone() for n, p in chunk.named_parameters()})
     return out
 
@@ -476,3 +484,59 @@ def test_emulated_pipeline_is_bit_identical_deterministic_and_shows_the_bubble()
     assert unequal["stage_times"][-1] > 4 * unequal["stage_times"][0]
     assert unequal["formula_bubble"] > equal["formula_bubble"] + 0.15
     assert unequal["bubble"] > equal["bubble"] + 0.05                  # unequal stages widen it
+
+
+# ----------------------------------------------------------------------------
+# The dry run (fake tensors) reads the real run's clock, for every schedule
+# ----------------------------------------------------------------------------
+
+DRY_CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=4)
+
+
+def _real_and_dry(schedule, dtype):
+    """The same :func:`ppx.time_step` on real tensors and on fake ones: its clock and record."""
+    out = {}
+    for dry_run in (False, True):
+        with emulate.emulated("h100-node", dry_run=dry_run) as clock:
+            record = ppx.time_step(schedule, DRY_CFG, 2, activations=True, dtype=dtype)
+        out[dry_run] = ({**clock.summary(), "issued": list(clock.issued)}, record)
+    return out
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+                                    ("zb-h1", 1)])
+def test_the_dry_run_reads_the_real_runs_clock_for_every_schedule(name, v):
+    schedule = pp.make_schedule(name, 2, 4, v)
+    dtype = torch.bfloat16 if name == "1f1b" else torch.float32   # time_at_scale's bf16 too
+    for rank, out in enumerate(lecture_lib.run(_real_and_dry, 2, schedule, dtype, timeout=120)):
+        (real, real_record), (dry, dry_record) = out[False], out[True]
+        assert real["now"] > 0 and real["bytes_by_kind"]["send"] > 0
+        assert dry == real                            # now, totals, bytes, spans, issue times
+        assert dry_record == real_record              # timeline, waits, activation bytes
+        assert [label for *_, label in dry_record.timeline] == list(
+            map(str, schedule.actions[rank]))
+        assert dry_record.peak_activation_bytes > 0
+
+
+def test_at_real_size_the_lessons_hold():
+    """GPT-3 175B layers (2 per rank) on 2 emulated H100s, in the dry run: the bubble falls
+    with m as the closed form of the measured stage costs says (the last stage also holds
+    the head: pipeline_bubble_unequal); interleaving and ZB-H1 shorten the step; GPipe
+    holds m micro-batches' activations, 1F1B pp - rank."""
+    pp_, m = 2, 4
+    runs = ppx.time_at_scale([pp.make_schedule("1f1b", pp_, 2), pp.make_schedule("1f1b", pp_, m),
+                              pp.make_schedule("gpipe", pp_, m),
+                              pp.make_schedule("interleaved-1f1b", pp_, m, 2),
+                              pp.make_schedule("zb-h1", pp_, m)], "GPT-3 175B", 2, timeout=120)
+    two, one, gpipe, interleaved, zb = runs
+    assert all(r["wall_s"] < 60 for r in runs), [r["wall_s"] for r in runs]
+    assert one["message_s"] < 0.01 * min(one["stage_times"])     # messages are cheap here
+    assert one["bubble"] < two["bubble"]
+    for r in (two, one):   # a later backward also adds into .grad: dearer than the first
+        assert r["theory"] <= r["bubble"] <= r["formula_bubble"] + 0.02, r
+        assert r["formula_bubble"] - r["theory"] < 0.05, r       # the head: a few points
+    assert interleaved["bubble"] < one["bubble"] and interleaved["step_s"] < one["step_s"]
+    assert zb["bubble"] < one["bubble"] and zb["step_s"] < one["step_s"]
+    for rank in range(pp_):
+        ratio = gpipe["peak_activation_bytes"][rank] / one["peak_activation_bytes"][rank]
+        assert ratio >= m / (pp_ - rank) * 0.98, (rank, ratio)

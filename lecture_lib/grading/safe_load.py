@@ -21,8 +21,8 @@ from collections import OrderedDict
 import torch
 
 from ..models import TrainResult
-from ..pipeline.execute import StepRecord
-from ..pipeline.schedules import Action
+from ..pipeline.actions import Action
+from ..pipeline.recorder import StepRecord
 from ..runtime import RankError, RankTimeout
 
 #: The pack's plain dataclasses that may cross, by name (their constructors only store fields).

@@ -7,13 +7,15 @@
 * :mod:`.simulate`: per-rank timelines, makespan, bubble and activation memory
   from per-action costs (:func:`simulate`).
 * :mod:`.stage`: the small GPT cut into contiguous stages (:func:`split_gpt`).
-* :mod:`.execute`: the same schedule on real ranks: receive, forward, backward,
-  weight gradient, send (:class:`PipelineExecutor`, :func:`exchange`); it measures nothing.
+* :mod:`.execute`: the same schedule on real ranks: one exchange of messages, then
+  one action, for every action (:class:`PipelineExecutor`, :func:`exchange`); with
+  :mod:`.split_backward` for ZB-H1's B and W. It measures nothing.
 * :mod:`.recorder`: opt-in measurement of a step: timeline, message delays,
-  activation bytes (:class:`StepRecorder`).
-* :mod:`.experiments`: what notebook 06 runs: ``train``, ``train_many``,
-  the fixed-cost mode (``FixedCostExecutor``), real stages in emulated time
-  (``measure_emulated_bubbles``, ``bubble_report``); imported by its module
+  activation bytes (:class:`StepRecorder`, watching through :mod:`lecture_lib.observe`).
+* :mod:`.experiments`: what notebook 06 runs: ``train``, ``train_many``, the
+  fixed-cost mode (:mod:`.fixed_cost`), one step in emulated time on the small GPT
+  (``measure_emulated_bubbles``) and at real size in the dry run (``time_at_scale``),
+  ``bubble_report``; imported by its module
   (``from lecture_lib.pipeline import experiments as ppx``), the package exports
   only the algorithm.
 * :mod:`.baseline`: side by side with ``torch.distributed.pipelining``.

@@ -1,22 +1,16 @@
-"""What notebook 06 runs: training through a pipeline, recorded, and the fixed-cost mode.
+"""What notebook 06 runs: training through a pipeline, and its bubble in emulated time.
 
-* :func:`train_stage` (the rank function) trains this rank's stage of the
-  small GPT and records every step (:class:`~.recorder.StepRecorder`);
-  :func:`train` and :func:`train_many` start the ranks and :func:`merge`
-  combines their results into a :class:`PipelineRun`.
-* *Emulated time* (``preset="a100-node"``, :func:`measure_emulated_bubbles`):
-  the stages compute for real while every operation and message is charged in
-  the virtual time of the chosen GPUs and links (:mod:`lecture_lib.emulate`);
-  :func:`bubble_report` reads a step against (p-1)/(m+p-1), against the
-  unequal-stage closed form and against the simulator fed the step's own stage
-  costs and message time.
-* *Fixed-cost mode* (``cost=(t_forward, t_backward[, t_weight])`` in seconds
-  per stage and micro-batch, :class:`FixedCostExecutor`): each action's
-  compute is replaced by a wait of exactly its simulated cost
-  (:func:`~.simulate.action_costs`), while activation- and gradient-shaped
-  tensors still travel between the ranks as the schedule says. The measured
-  timeline then shows the schedule itself even when 4 ranks share 2 cores (a
-  sleeping rank takes no core from the others). ``cost=None`` trains.
+* :func:`train_stage` (the rank function) trains this rank's stage of the small GPT and
+  records every step (:class:`~.recorder.StepRecorder`); :func:`train` and
+  :func:`train_many` start the ranks, :func:`merge` combines their results into a
+  :class:`PipelineRun`. ``cost=(t_forward, t_backward[, t_weight])`` runs the fixed-cost
+  mode instead (:mod:`.fixed_cost`).
+* :func:`time_step` (the rank function of emulated time) builds a GPT and times one step
+  of it, never reading a value, so the same code runs on real tensors and in the dry run
+  (fake tensors, :func:`lecture_lib.emulate.run`): :func:`measure_emulated_bubbles` on the
+  small GPT, :func:`time_at_scale` on a model of real size (``models.REAL_SIZE``).
+  :func:`bubble_report` reads a step against (pp-1)/(m+pp-1), the unequal-stage closed
+  form and the simulator fed the step's own stage costs and message time.
 """
 from __future__ import annotations
 
@@ -27,73 +21,23 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import emulate
 from ..costmodel.pipeline import pipeline_bubble, pipeline_bubble_unequal, pipeline_step_time
-from ..emulate import emulated
-from ..emulate import preset as check_preset
-from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
+from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer, real_size
 from ..progress import progress
 from ..runtime import launch
 from .actions import Schedule
 from .execute import PipelineExecutor, exchange
+from .fixed_cost import FixedCostExecutor, check_cost
 from .recorder import StepRecord, StepRecorder, aligned, message_latency
 from .schedules import make_schedule
-from .simulate import action_costs, bubble_of, makespan_of, simulate
+from .simulate import bubble_of, busy_time, makespan_of, simulate
 from .stage import check_pipeline, split_gpt
 
 # ----------------------------------------------------------------------------
-# Fixed-cost mode: the schedule's shape, free of how busy the CPU is
+# Training with a pipeline: the rank function and the caller's entry points
 # ----------------------------------------------------------------------------
 
-
-def nap_until(deadline: float, nap: float = 0.0005) -> None:
-    """Sleep until ``deadline`` (a ``time.perf_counter()`` value) in short naps. One long
-    ``time.sleep`` oversleeps by the wake-up latency of an idle CPU on every fixed-cost
-    action (about 1.1 ms on the course's 2-core VM); short naps cut that to about 0.4 ms."""
-    while (rest := deadline - time.perf_counter()) > 0:
-        time.sleep(min(rest, nap))
-
-
-def check_cost(cost) -> tuple[float, float, float] | None:
-    if cost is None:
-        return None
-    cost = tuple(cost) + (0.0,) * (3 - len(tuple(cost)))
-    if len(cost) != 3 or any(not isinstance(c, (int, float)) or c < 0 for c in cost):
-        raise ValueError(f"cost must be (t_forward, t_backward[, t_weight]) in seconds >= 0, "
-                         f"not {cost!r}")
-    return cost
-
-
-class FixedCostExecutor(PipelineExecutor):
-    """The executor with every action's compute replaced by a wait of its cost.
-
-    Receives and sends are the executor's own; what is sent is a tensor of
-    zeros of the activation's shape. No loss is computed (``loss`` is None).
-    """
-
-    def __init__(self, chunks, schedule: Schedule, activation_shape: tuple, cost, **kwargs):
-        super().__init__(chunks, schedule, activation_shape, **kwargs)
-        self.costs = action_costs(schedule, *check_cost(cost))
-        self.zeros = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-
-    def forward(self, a, st) -> None:
-        nap_until(time.perf_counter() + self.costs["F"])
-        s = self.schedule.stage(self.stage, a.chunk)
-        if s < self.last:
-            self.send(self.zeros, s + 1, ("F", a.microbatch, s), st)
-
-    def backward(self, a, st) -> None:
-        nap_until(time.perf_counter() + self.costs["B"])
-        s = self.schedule.stage(self.stage, a.chunk)
-        if s > 0:
-            self.send(self.zeros, s - 1, ("B", a.microbatch, s), st)
-
-    def weight_gradient(self, a, st) -> None:
-        nap_until(time.perf_counter() + self.costs["W"])
-
-
-# ----------------------------------------------------------------------------
-# Training with a pipeline: the rank function and the caller's entry point
-# ----------------------------------------------------------------------------
 
 def train_stage(schedule: Schedule, cfg: GPTConfig, batch_size: int, steps: int = 1, *,
                 lr: float = 1e-2, optimizer: str = "adamw", seed: int = 0, data_seed: int = 0,
@@ -119,32 +63,33 @@ def train_stage(schedule: Schedule, cfg: GPTConfig, batch_size: int, steps: int 
               for c in range(schedule.chunks)]
     shape = (batch_size // schedule.microbatches, cfg.seq_len, cfg.d_model)
     kwargs = dict(ranks=stage_ranks, group=group, exchange=exchange)
-    with emulated(preset) if preset is not None else nullcontext():
+    with emulate.emulated(preset) if preset is not None else nullcontext():
         executor = (PipelineExecutor(chunks, schedule, shape, **kwargs) if cost is None else
                     FixedCostExecutor(chunks, schedule, shape, cost, **kwargs))
         recorder = StepRecorder(activations=activations and cost is None)
         opt = make_optimizer([p for c in chunks for p in c.parameters()], optimizer, lr)
         data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=data_seed)
-        out = _train_steps(executor, recorder, opt, chunks, lambda s: data.batch(s, batch_size),
-                           steps)
+        out = _train_steps(executor, recorder, opt, lambda s: data.batch(s, batch_size), steps)
     return {**out, "params": {n: p.detach().cpu().clone() for c in chunks
                               for n, p in c.named_parameters()}}
 
 
-def _train_steps(executor, recorder, opt, chunks, batch, steps: int) -> dict:
+def _train_steps(executor, recorder, opt, batch, steps: int) -> dict:
     """``steps`` optimizer steps through ``executor``: losses, records, first gradients."""
     losses, records, grads = [], [], {}
     for step in range(steps):
         x, y = batch(step)
         opt.zero_grad(set_to_none=True)
-        record = executor.step(x, y, recorder=recorder)
+        with recorder.watching(executor):
+            loss = executor.step(x, y)
         if step == 0:
-            grads = {n: p.grad.detach().cpu().clone() for c in chunks
+            grads = {n: p.grad.detach().cpu().clone() for c in executor.chunks
                      for n, p in c.named_parameters() if p.grad is not None}
         opt.step()
-        records.append(record)
-        if record.loss is not None:
-            losses.append(record.loss)
+        recorder.record.loss = None if loss is None else loss.item()
+        records.append(recorder.record)
+        if loss is not None:
+            losses.append(recorder.record.loss)
     return {"losses": losses, "records": records, "grads": grads}
 
 
@@ -166,16 +111,17 @@ class PipelineRun:
 
 def merge(schedule: Schedule, results: list[dict]) -> PipelineRun:
     """Combine the per-rank dicts of :func:`train_stage` (in stage order)."""
-    losses = next((r["losses"] for r in results if r["losses"]), [])
-    params = {k: v for r in results for k, v in r["params"].items()}
-    grads = {k: v for r in results for k, v in r["grads"].items()}
     steps = len(results[0]["records"])
     per_step: list[list[StepRecord]] = [[r["records"][i] for r in results] for i in range(steps)]
-    peaks = [max(rec.peak_activation_bytes for rec in r["records"]) for r in results]
     origin = results[0]["records"][0].clock[0] if steps else ""
-    return PipelineRun(schedule, losses, params, grads, [aligned(rs) for rs in per_step], peaks,
-                       [message_latency(schedule, rs) for rs in per_step],
-                       origin if origin.startswith("emulated") else "real")
+    return PipelineRun(
+        schedule, next((r["losses"] for r in results if r["losses"]), []),
+        {k: v for r in results for k, v in r["params"].items()},
+        {k: v for r in results for k, v in r["grads"].items()},
+        [aligned(rs) for rs in per_step],
+        [max(rec.peak_activation_bytes for rec in r["records"]) for r in results],
+        [message_latency(schedule, rs) for rs in per_step],
+        origin if origin.startswith("emulated") else "real")
 
 
 def _check_run(cfg: GPTConfig, schedules, batch_size: int, cost=None, layers=None,
@@ -185,7 +131,7 @@ def _check_run(cfg: GPTConfig, schedules, batch_size: int, cost=None, layers=Non
         check_pipeline(cfg, s, batch_size, layers)
     check_cost(cost)
     if preset is not None:
-        check_preset(preset)
+        emulate.preset(preset)
         if cost is not None:
             raise ValueError("the fixed-cost mode (cost=...) waits in real time: it cannot be "
                              "emulated (preset=...); use one or the other")
@@ -231,8 +177,92 @@ def train_many(cfg: GPTConfig, schedules: list[Schedule], *, batch_size: int, st
 
 
 # ----------------------------------------------------------------------------
-# The bubble of real stages in emulated time
+# One step in emulated time: real tensors on the small GPT, fake ones at real size
 # ----------------------------------------------------------------------------
+
+def time_step(schedule: Schedule, cfg: GPTConfig, microbatch_size: int, *, layers=None,
+              activations: bool = False, dtype=torch.float32, seed: int = 0) -> StepRecord:
+    """Rank function, under the emulation (real or dry run, :func:`lecture_lib.emulate.run`):
+    one recorded step of ``schedule`` on a GPT built here (fake in a dry run), on random
+    tokens. Nothing reads a value: no ``.item()``, no branch on a tensor."""
+    m, b = schedule.microbatches, microbatch_size
+    gpt = GPT(cfg, seed).to(device=launch.device(), dtype=dtype)
+    parts = split_gpt(gpt, schedule.num_stages, schedule.chunks, layers)
+    chunks = [parts[schedule.stage(dist.get_rank(), c)] for c in range(schedule.chunks)]
+    executor = PipelineExecutor(chunks, schedule, (b, cfg.seq_len, cfg.d_model), dtype=dtype)
+    tokens = torch.randint(cfg.vocab_size, (m * b, cfg.seq_len + 1),
+                           generator=torch.Generator().manual_seed(seed))
+    recorder = StepRecorder(activations)
+    with recorder.watching(executor):
+        executor.step(tokens[:, :-1], tokens[:, 1:])
+    return recorder.record
+
+
+def _emulated_runs(cfg: GPTConfig, schedules: list, microbatch_size: int, *, preset,
+                   dry_run: bool, timeout: float, **kwargs) -> list[dict]:
+    """:func:`time_step` of each schedule on its ranks (checked first): :func:`bubble_report`
+    of each, with its ``run``, the bytes each rank sent and the wall time it took."""
+    if (isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int)
+            or microbatch_size < 1):
+        raise ValueError(f"microbatch_size must be a whole number >= 1, not {microbatch_size!r}")
+    if not schedules:
+        raise ValueError("give one or more schedules")
+    for s in schedules:
+        _check_run(cfg, [s], microbatch_size * s.microbatches, None, kwargs.get("layers"),
+                   preset)
+    out = []
+    for s in progress(list(schedules), f"emulated pipeline ({'dry run' if dry_run else 'real'})"):
+        start = time.perf_counter()
+        results = emulate.run(time_step, s.num_stages, s, cfg, microbatch_size, preset=preset,
+                              dry_run=dry_run, timeout=timeout, **kwargs)
+        records = [r.result for r in results]
+        run = PipelineRun(s, [], {}, {}, [aligned(records)],
+                          [rec.peak_activation_bytes for rec in records],
+                          [message_latency(s, records)], records[0].clock[0])
+        out.append({**bubble_report(run), "run": run, "wall_s": time.perf_counter() - start,
+                    "sent_bytes": [r.clock.bytes_by_kind.get("send", 0) for r in results]})
+    return out
+
+
+def measure_emulated_bubbles(cfg: GPTConfig, schedules: list[Schedule], microbatch_size: int, *,
+                             layers=None, preset="a100-node", timeout: float = 300.0
+                             ) -> list[dict]:
+    """One emulated step of each schedule on real tensors of ``cfg`` (``microbatch_size``
+    sequences per micro-batch, so the batch is ``m * microbatch_size``):
+    :func:`bubble_report` of each, with its ``run``."""
+    return _emulated_runs(cfg, schedules, microbatch_size, preset=preset, dry_run=False,
+                          timeout=timeout, layers=layers)
+
+
+def time_at_scale(schedules: list[Schedule], model: str = "GPT-3 175B",
+                  layers_per_stage: int = 2, microbatch_size: int = 1, *, layers=None,
+                  preset="h100-node", activations: bool = True, dtype=torch.bfloat16,
+                  timeout: float = 300.0) -> list[dict]:
+    """One step of each schedule on ``model`` (a name of ``models.REAL_SIZE``) with
+    ``layers_per_stage`` of its layers on every rank (or ``layers``: the blocks of each
+    virtual stage, e.g. one fewer on the stage that holds the head), in the dry run
+    (nothing computed; bf16 weights, activations and messages). Each is
+    :func:`bubble_report` plus: ``model``, ``n_layers``, ``tokens`` per micro-batch,
+    ``preset``, ``peak_activation_bytes`` and ``sent_bytes`` per rank, ``compute_s``
+    (busy) and ``idle_s`` per rank, ``wall_s`` (this machine's seconds)."""
+    out = []
+    for s in schedules:
+        if layers is None and layers_per_stage % s.chunks:
+            raise ValueError(f"{s.name}: {layers_per_stage} layers per stage do not split into "
+                             f"{s.chunks} chunks")
+        n_layers = sum(layers) if layers is not None else layers_per_stage * s.num_stages
+        cfg = real_size(model, n_layers=n_layers)
+        (rep,) = _emulated_runs(cfg, [s], microbatch_size, preset=preset, dry_run=True,
+                                timeout=timeout, layers=layers, activations=activations,
+                                dtype=dtype)
+        timeline = rep["run"].timelines[0]
+        busy = [busy_time(timeline[r]) for r in range(s.num_stages)]
+        out.append({**rep, "model": model, "n_layers": n_layers, "preset": preset,
+                    "tokens": microbatch_size * cfg.seq_len,
+                    "peak_activation_bytes": rep["run"].peak_activation_bytes,
+                    "compute_s": busy, "idle_s": [rep["step_s"] - t for t in busy]})
+    return out
+
 
 def bubble_report(run: PipelineRun, step: int = -1) -> dict:
     """One step's bubble against theory: ``bubble`` measured; ``theory``
@@ -255,27 +285,4 @@ def bubble_report(run: PipelineRun, step: int = -1) -> dict:
     if s.chunks == 1 and not s.split_backward:
         out.update(formula_step_s=pipeline_step_time(times, m),
                    formula_bubble=pipeline_bubble_unequal(times, m))
-    return out
-
-
-def measure_emulated_bubbles(cfg: GPTConfig, schedules: list[Schedule], microbatch_size: int, *,
-                             layers=None, preset="a100-node", timeout: float = 300.0
-                             ) -> list[dict]:
-    """One emulated step of each schedule (``microbatch_size`` sequences per micro-batch,
-    so the batch is ``m * microbatch_size``; SGD; all checked first), on the same warm
-    ranks: :func:`bubble_report` of each, with its ``run``."""
-    b = microbatch_size
-    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-        raise ValueError(f"microbatch_size must be a whole number >= 1, not {microbatch_size!r}")
-    if not schedules or len({s.num_stages for s in schedules}) != 1:
-        raise ValueError("give one or more schedules, all with the same number of stages")
-    for s in schedules:
-        _check_run(cfg, [s], microbatch_size * s.microbatches, None, layers, preset)
-    out, p = [], schedules[0].num_stages
-    for s in progress(list(schedules), f"emulated pipeline: one schedule on {p} ranks each"):
-        results = launch.run(train_stage, p, s, cfg, microbatch_size * s.microbatches, 1,
-                             optimizer="sgd", lr=0.1, layers=layers, preset=preset,
-                             activations=False, timeout=timeout)
-        run = merge(s, results)
-        out.append({**bubble_report(run), "run": run})
     return out

@@ -1,44 +1,43 @@
 """What a pipeline step did, recorded only when a caller asks (opt-in measurement).
 
-:class:`~.execute.PipelineExecutor` runs a schedule and measures nothing. Pass
-it a :class:`StepRecorder` (``executor.step(x, y, recorder=StepRecorder())``)
-and the recorder
+The executor (:mod:`.execute`) marks each action and each exchange with
+:func:`lecture_lib.observe.span` and measures nothing. A :class:`StepRecorder` watches
+one step::
 
-* starts the step's clock at a barrier of the pipeline's ranks, so every
-  rank's time 0 is the same moment;
-* times every action (``metrics.Timer``, which synchronises a GPU) into a
-  timeline ``[(kind, start_s, end_s, label), ...]``; under the emulation
-  (:mod:`lecture_lib.emulate`) the timer reads the rank's virtual compute
-  stream, so the same record is in emulated seconds (``StepRecord.clock``
-  then names the emulated clock, which every rank shares);
-* notes, for every action that waits for a message, when it posted the
-  receive and when the data was there (the message delay, see
-  :func:`message_latency`);
-* with ``activations=True`` counts the bytes each forward saves for its
-  backward (``metrics.saved_tensor_bytes``, a Python hook on every saved
-  tensor, so it costs time: that is why it is off unless asked for) and the
-  most held at once.
+    recorder = StepRecorder(activations=True)
+    with recorder.watching(executor):
+        loss = executor.step(x, y)
+    record = recorder.record          # a StepRecord: timeline, waits, activation bytes
+
+* time 0 is the end of a barrier of the pipeline's ranks, so every rank's time 0 is the
+  same moment; spans are in real seconds, or in emulated seconds under the emulation
+  (:mod:`lecture_lib.emulate`, whose clock every rank shares);
+* for each exchange that brought an action its input, when it was posted and when the
+  data was there (the message delay, :func:`message_latency`);
+* with ``activations=True``, the bytes each forward saves for its backward (a hook on
+  every saved tensor, so it costs time: off unless asked for) and the most held at once.
 
 :func:`aligned` and :func:`message_latency` read the records of all ranks.
 """
 from __future__ import annotations
 
 import socket
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
-from ..metrics import Timer, saved_tensor_bytes
-from ..runtime import launch
-from .actions import Schedule
+from .. import observe
+from ..metrics import now, time_kind
+from .actions import Action, Schedule
 
 
 @dataclass
 class StepRecord:
     """What one rank saw in one step (only ``stage`` and ``loss`` without a recorder)."""
     stage: int
-    loss: float | None                  # the batch's mean loss (last stage), else None
+    loss: float | None = None           # the batch's mean loss (last stage), else None
     timeline: list = field(default_factory=list)   # [(kind, start_s, end_s, label), ...]
     peak_activation_bytes: int = 0      # saved-tensor bytes held at once (activations=True)
     activation_bytes: dict = field(default_factory=dict)   # label -> bytes saved by its F
@@ -48,51 +47,64 @@ class StepRecord:
 
 
 class StepRecorder:
-    """Records one step of one rank; use a fresh one (or call :meth:`start`) per step."""
+    """Records one step of one rank at a time (:meth:`watching`, then :attr:`record`)."""
 
-    def __init__(self, activations: bool = False, device=None):
+    def __init__(self, activations: bool = False):
         self.activations = activations
-        self.timer = Timer(launch.device() if device is None else device)
-        self.labels, self.waits, self.saved, self.held = [], [], {}, {}
-        self.peak, self.release = 0, "B"
-
-    def start(self, schedule: Schedule, group=None) -> None:
-        """A barrier of the pipeline's ranks, then the clock starts (time 0)."""
-        self.release = "W" if schedule.split_backward else "B"
-        self.labels, self.waits, self.saved, self.held, self.peak = [], [], {}, {}, 0
-        dist.barrier(group=group)
-        self.timer.reset()
+        self.record: StepRecord | None = None
 
     @contextmanager
-    def receiving(self, action):
-        """Around the exchange that brings ``action`` its input."""
-        posted = self.timer.now()
+    def watching(self, executor):
+        """Around one ``executor.step``: a barrier of its ranks, then every span it marks."""
+        dist.barrier(group=executor.group)
+        t0 = now(executor.device, stream_only=True)
+        saved: list = []
+        with observe.watch() as seen, (saved_tensors(seen, saved) if self.activations
+                                       else nullcontext()):
+            yield
+        spans, kind = seen.spans, time_kind()
+        self.record = StepRecord(
+            executor.stage,
+            timeline=[(sp.name, sp.start - t0, sp.end - t0, str(sp.data["action"]))
+                      for sp in spans if sp.name in ("F", "B", "W")],
+            waits=[(str(sp.data["action"]), sp.start - t0, sp.end - t0)
+                   for sp in spans if sp.name == "exchange" and sp.data["receives"]],
+            clock=(socket.gethostname() if kind == "real" else kind, t0))
+        if self.activations:
+            self.record.activation_bytes, self.record.peak_activation_bytes = \
+                activations_held(executor, spans, saved)
+
+
+@contextmanager
+def saved_tensors(seen: observe.Watcher, saved: list):
+    """Note in ``saved`` every tensor autograd saves in the block: ``(span, storage, bytes)``,
+    ``span`` the index of the span under way (spans are appended as they end)."""
+    def pack(t):
+        storage = t.untyped_storage()      # keyed by _cdata: a fake tensor's data_ptr() is 0
+        saved.append((len(seen.spans), storage._cdata, storage.nbytes()))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield
-        self.waits.append((str(action), posted, self.timer.now()))
 
-    @contextmanager
-    def action(self, action, chunk):
-        """Around one action's compute: its span, and the bytes a forward saves."""
-        key = (action.microbatch, action.chunk)
-        with self.timer(action.kind):
-            if self.activations and action.kind == "F":
-                with saved_tensor_bytes() as counter:
-                    yield
-                self.held[key] = self.saved[str(action)] = counter.activation_bytes(chunk)
-                self.peak = max(self.peak, sum(self.held.values()))
-            else:
-                yield
-        if action.kind == self.release:
-            self.held.pop(key, None)
-        self.labels.append(str(action))
 
-    def record(self, stage: int, loss: float | None) -> StepRecord:
-        timeline = [(k, start, end, label)
-                    for (k, start, end), label in zip(self.timer.spans, self.labels)]
-        origin = ((socket.gethostname(), self.timer.t0) if self.timer.time_kind == "real"
-                  else (self.timer.time_kind, self.timer.t0_emulated))
-        return StepRecord(stage, loss, timeline, self.peak, dict(self.saved), list(self.waits),
-                          origin)
+def activations_held(executor, spans: list, saved: list) -> tuple[dict, int]:
+    """Bytes each forward saved (each storage once, parameters left out), and the most
+    held at once: a forward's bytes are freed by its B, or by its W when split."""
+    params = {p.untyped_storage()._cdata for c in executor.chunks for p in c.parameters()}
+    per_span: dict = {}
+    for index, storage, nbytes in saved:
+        if storage not in params:
+            per_span.setdefault(index, {})[storage] = nbytes
+    release = "W" if executor.schedule.split_backward else "B"
+    by_label, held, peak = {}, {}, 0
+    for index, sp in enumerate(spans):
+        a = sp.data.get("action")
+        if sp.name == "F":
+            held[a] = by_label[str(a)] = sum(per_span.get(index, {}).values())
+            peak = max(peak, sum(held.values()))
+        elif sp.name == release:
+            held.pop(Action("F", a.microbatch, a.chunk), None)
+    return by_label, peak
 
 
 # ----------------------------------------------------------------------------
