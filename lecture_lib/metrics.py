@@ -185,14 +185,14 @@ def saved_tensor_bytes():
         def activation_bytes(self, module: torch.nn.Module) -> int:
             """Saved bytes less the module's parameters (which autograd saves too)."""
             return self.bytes - sum(p.untyped_storage().nbytes() for p in module.parameters()
-                                    if p.untyped_storage().data_ptr() in self._seen)
+                                    if p.untyped_storage()._cdata in self._seen)
 
     counter = _Counter()
 
     def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in counter._seen:
-            counter._seen.add(storage.data_ptr())
+        storage = t.untyped_storage()     # one storage, one allocation: keyed by its identity,
+        if storage._cdata not in counter._seen:       # not its address (a fake tensor's is 0)
+            counter._seen.add(storage._cdata)
             counter.bytes += storage.nbytes()
         return t
 
