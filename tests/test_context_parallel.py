@@ -1,5 +1,7 @@
 """Context parallelism equals one process: ring and Ulysses attention (outputs and gradients),
-the online-softmax merge, both layouts, the GPT trained with cp; bad input fails early."""
+the online-softmax merge, both layouts, grouped-query attention, both block kernels, the GPT
+trained with cp; the dry run reads the real run's clock, and at real size the lessons hold;
+bad input fails early, and the slices' check runs once per shape."""
 import re
 
 import pytest
@@ -10,11 +12,14 @@ import lecture_lib
 from lecture_lib import emulate
 from lecture_lib.comm import record_comm
 from lecture_lib.context_parallel import (
+    RingAttention,
     attention_reference,
     block_attention,
     block_pairs,
     check_layout,
     check_ulysses,
+    flash_block_attention,
+    make_attention,
     merge,
     positions,
     rank_chunks,
@@ -23,6 +28,7 @@ from lecture_lib.context_parallel import (
     shard_sequence,
     unshard_sequence,
 )
+from lecture_lib.context_parallel.emulated import layers_pass, time_at_scale
 from lecture_lib.context_parallel.experiments import (
     CASES,
     attention_on_rank,
@@ -40,7 +46,14 @@ from lecture_lib.costmodel.context_parallel import (
     ulysses_bytes_per_layer,
 )
 from lecture_lib.figures.pictures.ring_steps import cell_labels, draw_ring_steps
-from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    assert_same_training,
+    real_size,
+    train_reference,
+)
 
 SHAPE = (2, 4, 32, 8)                     # batch, heads, tokens, head_dim
 
@@ -68,6 +81,21 @@ def test_one_process_ring_is_exact_with_gradients(layout):
             lambda *t, c=causal: ring_attention(*t, "local", layout, c), small)
         torch.testing.assert_close(ring_attention(q, k, v, "local", layout, causal),
                                    attention_reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("kernel", ["blockwise", "flash"])
+def test_one_process_ring_with_grouped_query_attention_is_exact(kernel):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))                       # 2 K/V heads, each serving 2 query heads
+    for layout in ("contiguous", "zigzag"):
+        for causal in (True, False):
+            assert torch.autograd.gradcheck(
+                lambda *t, c=causal, lay=layout: ring_attention(*t, "local", lay, c, kernel),
+                (q, k, v))
+            torch.testing.assert_close(ring_attention(q, k, v, "local", layout, causal, kernel),
+                                       attention_reference(q, k, v, causal))
 
 
 def test_layouts_shard_and_unshard():
@@ -101,6 +129,36 @@ def test_ring_and_ulysses_equal_one_process(cp):
         formula = (ring_bytes_per_layer if r["method"] == "ring" else ulysses_bytes_per_layer)(
             b, s, h * d, cp, bytes_per_element=4)
         assert r["sent_bytes"] == pytest.approx(formula), r
+
+
+@pytest.mark.parametrize("kernel", ["blockwise", "flash"])
+def test_grouped_query_attention_equals_one_process(kernel):
+    b, h, s, d = SHAPE                                  # 4 query heads sharing 2 K/V heads
+    ring_cases = [c for c in CASES if c[0] == "ring"]
+    for cp, cases in ((2, CASES), (4, ring_cases)):     # Ulysses: cp must divide the 2 K/V heads
+        report = compare_attention(cp, cases, SHAPE, kv_heads=2, kernel=kernel)
+        assert len(report) == len(cases)
+        for r in report:                    # rtol 1e-5 / atol 1e-6 on outputs and dq, dk, dv
+            assert r["close"], r
+            formula = (ring_bytes_per_layer if r["method"] == "ring" else ulysses_bytes_per_layer)(
+                b, s, h * d, cp, bytes_per_element=4, kv_width=2 * d)
+            assert r["sent_bytes"] == pytest.approx(formula), r
+
+
+def _two_shapes_three_calls():
+    """Inside a rank: one RingAttention called twice on one shape, then on another; the
+    all-gathers (the check) and the K/V messages each call sent."""
+    attend, calls = RingAttention(None, "zigzag"), []
+    for tokens in (8, 8, 4):
+        with record_comm() as log:
+            attend(*_qkv([tokens] * 3, seed=dist.get_rank()))
+        calls.append((log.calls(kind="all_gather"), log.calls(kind="send")))
+    return calls
+
+
+def test_the_slices_are_checked_once_per_shape():
+    for calls in lecture_lib.run(_two_shapes_three_calls, 2, timeout=60):
+        assert calls == [(1, 1), (0, 1), (1, 1)]          # 1 K/V hop forward at cp = 2
 
 
 def test_gpt_trained_with_cp_equals_one_process():
@@ -163,6 +221,50 @@ def test_ring_overlaps_kv_hops_with_attention_in_emulated_time():
             assert all(torch.equal(a, b) for a, b in zip(run["grads"], p[0]["grads"]))
 
 
+SMALL_LLAMA = GPTConfig(vocab_size=32, seq_len=32, d_model=32, n_heads=4, n_kv_heads=2,
+                        n_layers=2, mlp="swiglu")             # GQA and SwiGLU, as Llama 3
+
+
+@pytest.mark.parametrize("method, layout, kernel", [
+    ("ring", "contiguous", "flash"), ("ring", "zigzag", "flash"), ("ring", "zigzag", "blockwise"),
+    ("ulysses", "contiguous", "flash"), ("ulysses", "zigzag", "flash")])
+def test_the_dry_run_reads_the_real_runs_clock(method, layout, kernel):
+    # the rank function of time_at_scale, on a small model: real tensors, then fake ones
+    runs = {dry: lecture_lib.run(layers_pass, 2, SMALL_LLAMA, method, layout, kernel, 2,
+                                 torch.float32, True, "h100-node", dry, timeout=60)
+            for dry in (False, True)}
+    for real, dry in zip(runs[False], runs[True]):
+        clocks = [{**r["clock"].summary(), "issued": r["clock"].issued} for r in (real, dry)]
+        assert clocks[0] == clocks[1]          # now, totals, bytes, spans, issue times
+        assert {"forward", "backward"} <= set(clocks[0]["totals"])   # both passes were charged
+        assert clocks[0]["comm_bytes"] > 0 and real["end"] > real["forward_end"] > real["start"]
+
+
+def test_at_real_size_zigzag_balances_and_the_ring_hides_its_hops():
+    # one Llama 3 8B layer (GQA, SwiGLU) at 32K tokens on 4 emulated H100s, bf16, flash blocks
+    cfg = real_size("Llama 3 8B", n_layers=1, seq_len=32768)
+    runs = {(m, lay, ov): time_at_scale(4, m, lay, cfg, overlap=ov)
+            for m, lay, ov in [("ring", "zigzag", True), ("ring", "zigzag", False),
+                               ("ring", "contiguous", True), ("ulysses", "contiguous", True)]}
+    zigzag, waited = runs["ring", "zigzag", True], runs["ring", "zigzag", False]
+    contiguous, ulysses = runs["ring", "contiguous", True], runs["ulysses", "contiguous", True]
+    assert all(r["wall_seconds"] < 60 for r in runs.values())
+    compute = {name: [r["compute"] for r in run["ranks"]]
+               for name, run in (("zigzag", zigzag), ("contiguous", contiguous))}
+    assert max(compute["zigzag"]) == pytest.approx(min(compute["zigzag"]), rel=1e-9)
+    assert max(compute["contiguous"]) > 1.5 * min(compute["contiguous"])   # causal imbalance
+    assert zigzag["step"] < contiguous["step"]
+    for r in zigzag["ranks"]:
+        assert r["exposed_forward"] == 0                  # every forward K/V hop hidden
+        assert r["exposed"] < 0.02 * r["step"]            # backward: the dK/dV hops only
+    assert waited["step"] > zigzag["step"]                # without overlap the hops add up
+    b, s, h, kv = 1, cfg.seq_len, cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    for run, formula in ((zigzag, ring_bytes_per_layer), (ulysses, ulysses_bytes_per_layer)):
+        f = formula(b, s, h, 4, bytes_per_element=2, kv_width=kv)
+        assert all(r["sent_bytes"] == f["forward"] + f["backward"] for r in run["ranks"])
+    assert ulysses["ranks"][0]["sent_bytes"] < zigzag["ranks"][0]["sent_bytes"]
+
+
 @pytest.mark.parametrize("check, match", [
     (lambda: check_layout(30, 4, "zigzag"), "not divisible by 8"),
     (lambda: check_layout(30, 4, "contiguous"), "not divisible by 4"),
@@ -181,6 +283,14 @@ def test_ring_overlaps_kv_hops_with_attention_in_emulated_time():
      r"rank 0: q \(1, 2, 8, 4\), k \(1, 2, 6, 4\)"),
     (lambda: ring_attention(*_qkv([0, 0, 0]), "local", "contiguous"), "at least 1 token"),
     (lambda: ring_attention(*_qkv([8, 8, 8]), "local", "stripes"), "layout must be one of"),
+    (lambda: ring_attention(*_qkv([8, 8, 8]), "local", "zigzag", True, "fast"),
+     "kernel must be one of"),
+    (lambda: make_attention("tree"), "method must be one of"),
+    (lambda: check_ulysses(8, 4, 2), "K/V heads divisible by cp"),
+    (lambda: flash_block_attention(*(torch.empty(1, 2, 4, 4, device="meta"),) * 3),
+     "CPU flash-attention kernel"),
+    (lambda: time_at_scale(8, "ulysses", "contiguous", GPTConfig(
+        n_heads=8, n_kv_heads=4, d_model=64, seq_len=64)), "4 K/V heads do not split over cp=8"),
 ])
 def test_bad_input_fails_before_any_process_starts(check, match, monkeypatch):
     monkeypatch.setattr(lecture_lib.runtime.launch, "run",

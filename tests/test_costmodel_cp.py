@@ -39,6 +39,17 @@ def test_ring_sends_k_and_v_cp_minus_one_times():
     assert ratios == pytest.approx([1.0, 0.5, 0.25])                  # 2 / cp
 
 
+def test_grouped_query_attention_narrows_what_moves():
+    # Llama 3 8B: h = 4096, 8 K/V heads of 128 (K and V 1024 wide), 128K tokens, cp = 8, bf16
+    ring = ring_bytes_per_layer(1, 131072, 4096, 8, kv_width=1024)
+    assert ring == ring_bytes_per_layer(1, 131072, 1024, 8)           # only K and V travel
+    gqa, mha = (ulysses_bytes_per_layer(1, 131072, 4096, 8, kv_width=w) for w in (1024, None))
+    assert gqa["forward"] == mha["forward"] * (2 * 4096 + 2 * 1024) / (4 * 4096)  # q, o stay h
+    assert ulysses_bytes_per_layer(2, 1024, 64, 4, kv_width=64) == \
+        ulysses_bytes_per_layer(2, 1024, 64, 4)
+    assert gqa["forward"] + gqa["backward"] < ring["forward"] + ring["backward"]
+
+
 def test_exposed_ring_time_is_zero_when_attention_hides_it():
     shape = replace(cm.PRESETS["Llama-style 70B"], seq_len=131072)
     assert cp_exposed_comm(shape, 1, 1, cm.NVLINK_H100, 400e12) == 0.0

@@ -30,47 +30,67 @@ from ..models import GPT, GPTConfig, MarkovText, TrainResult, make_optimizer
 from ..progress import progress
 from ..runtime import launch
 from . import ring
-from .attention import attention_reference
+from .attention import attention_reference, check_kernel
 from .layout import check_layout, shard_sequence, unshard_sequence
-from .model import METHODS, check_context_parallel, parallelize_gpt, sync_context_parallel_grads
+from .model import (
+    check_context_parallel,
+    make_attention,
+    parallelize_gpt,
+    sync_context_parallel_grads,
+)
 from .ulysses import check_ulysses
 
+MOVES = ("send", "all_to_all")              # how ring and Ulysses move K/V (and q, o)
 CASES = [(m, lay, c) for m in ("ring", "ulysses") for lay in ("contiguous", "zigzag")
          for c in (True, False)]
 
 
-def _inputs(shape, seed):
+def _inputs(shape, seed, kv_heads: int | None = None):
+    """q, k, v and d(out) of ``shape`` (batch, heads, tokens, head_dim); k and v with
+    ``kv_heads`` heads (grouped-query attention) when given."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=g) for _ in range(4)]          # q, k, v, d(out)
+    kv = shape if kv_heads is None else (shape[0], kv_heads, *shape[2:])
+    return [torch.randn(s, generator=g) for s in (shape, kv, kv, shape)]
 
 
-def attention_on_rank(shape, cases, seed: int = 0, group=None) -> list[dict]:
+def attention_on_rank(shape, cases, seed: int = 0, group=None, kv_heads: int | None = None,
+                      kernel: str = "blockwise") -> list[dict]:
     """Inside a rank: each case's output and q/k/v gradients (this rank's slice), bytes sent."""
     _, rank, cp = resolve(group)
-    q, k, v, do = _inputs(shape, seed)
+    q, k, v, do = _inputs(shape, seed, kv_heads)
     out = []
     for method, layout, causal in cases:
         mine = [shard_sequence(t, rank, cp, layout, dim=2).to(launch.device()) for t in (q, k, v)]
         for t in mine:
             t.requires_grad_(True)
-        with record_comm() as log:
-            o = METHODS[method](*mine, group, layout, causal)
+        attend = make_attention(method, group, layout, causal, kernel)
+        with record_comm() as forward:
+            o = attend(*mine)
+        with record_comm() as backward:
             o.backward(shard_sequence(do, rank, cp, layout, dim=2).to(o.device))
+        logs = {"forward": forward, "backward": backward}      # the K/V moves, not the check
         out.append({"o": o.detach(), "grads": [t.grad for t in mine],
-                    "sent": {ph: log.sent_bytes(ph) for ph in ("forward", "backward")},
-                    "messages": {ph: log.calls(ph) for ph in ("forward", "backward")}})
+                    "sent": {ph: sum(log.sent_bytes(kind=k) for k in MOVES)
+                             for ph, log in logs.items()},
+                    "messages": {ph: sum(log.calls(kind=k) for k in MOVES)
+                                 for ph, log in logs.items()}})
     return out
 
 
 def compare_attention(cp: int, cases=CASES, shape=(2, 4, 32, 8), seed: int = 0,
-                      timeout: float = 120) -> list[dict]:
-    """Each case on ``cp`` ranks against one process: max abs errors, bytes per rank."""
+                      timeout: float = 120, kv_heads: int | None = None,
+                      kernel: str = "blockwise") -> list[dict]:
+    """Each case on ``cp`` ranks against one process: max abs errors, bytes per rank.
+    ``kv_heads``: k and v with fewer heads (grouped-query attention); ``kernel``: the ring's
+    block kernel (:data:`.attention.KERNELS`)."""
     for method, layout, _ in cases:
         check_layout(shape[2], cp, layout)
         if method == "ulysses":
-            check_ulysses(shape[1], cp)
-    results = launch.run(attention_on_rank, cp, shape, list(cases), seed, timeout=timeout)
-    q, k, v, do = _inputs(shape, seed)
+            check_ulysses(shape[1], cp, kv_heads)
+    check_kernel(kernel)
+    results = launch.run(attention_on_rank, cp, shape, list(cases), seed, None, kv_heads, kernel,
+                         timeout=timeout)
+    q, k, v, do = _inputs(shape, seed, kv_heads)
     for t in (q, k, v):
         t.requires_grad_(True)
     report = []
@@ -117,7 +137,8 @@ def train_context_parallel(cfg: GPTConfig, cp: int, batch_size: int, steps: int,
                            timeout: float = 180) -> TrainResult:
     """Train on ``cp`` ranks; rank 0's result (every cp rank holds the same weights)."""
     check_context_parallel(cfg, cp, layout, method)
-    make_optimizer([torch.zeros(1, requires_grad=True)], optimizer, lr)   # bad name: now
+    if optimizer not in ("adamw", "sgd"):                      # make_optimizer's names
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', not {optimizer!r}")
     results = launch.run(train_on_rank, cp, cfg, batch_size, steps, lr, optimizer, layout,
                          method, seed, data_seed, timeout=timeout)
     return TrainResult(results[0]["losses"], results[0]["params"])
@@ -130,7 +151,7 @@ def _flops_on_rank(shape, layouts, causal: bool) -> dict:
     for layout in layouts:
         mine = [shard_sequence(t, rank, cp, layout, dim=2).to(launch.device()) for t in (q, k, v)]
         with FlopCounterMode(display=False) as counter:
-            METHODS["ring"](*mine, None, layout, causal)
+            ring.RingAttention(None, layout, causal)(*mine)
         out[layout] = counter.get_total_flops()
     return out
 
@@ -181,8 +202,8 @@ def exchanges_waited():
     """
     posted = ring.ring_shift
 
-    def waited(t, group=None, phase=""):
-        received = posted(t, group, phase)()
+    def waited(t, group=None):
+        received = posted(t, group)()
         return lambda: received
     ring.ring_shift = waited
     try:
@@ -194,10 +215,11 @@ def exchanges_waited():
 def _emulated_ring(mine, do, layout, causal, backward, preset, overlap: bool) -> dict:
     """One emulated ring attention (forward, and backward), from fresh clocks."""
     mine = [t.detach().clone().requires_grad_(True) for t in mine]
-    ring.check_ring_inputs(*mine, None, layout)       # its all-gather: before the clocks start
+    attend = ring.RingAttention(None, layout, causal)
+    attend.check(*(t.shape for t in mine), mine[0].device)   # its all-gather: before the clocks
     with nullcontext() if overlap else exchanges_waited(), emulate.emulated(preset) as clock:
         with clock.phase("forward"):
-            o = ring.RingAttention.apply(*mine, None, layout, causal)
+            o = attend(*mine)
         if backward:
             with clock.phase("backward"):
                 o.backward(do)
@@ -230,7 +252,7 @@ def measure_ring_overlap(cp: int, shape=(1, 8, 1024, 64), preset="h100-node",
     ``idle_s`` (compute waiting for a hop), ``hops``, ``spans`` (the timeline:
     compute spans and sends), ``o`` and ``grads``; and ``step_s``, ``serial_s``
     (the slowest rank's), ``overlap_s`` (their difference: the hop time hidden).
-    The ring's check of the slices (:func:`.ring.check_ring_inputs`, one small
+    The ring's check of the slices (:meth:`.ring.RingAttention.check`, one small
     all-gather) runs before the clocks start: what is timed is the ring itself.
     """
     check_layout(shape[2], cp, layout)

@@ -3,8 +3,8 @@
 Everything in a transformer but attention works token by token, so with the
 sequence split over the cp ranks (:mod:`.layout`) the embeddings, layer norms,
 MLPs, the head and the loss run on the local tokens unchanged; only attention
-needs the other ranks' keys and values (:func:`.ring.ring_attention` or
-:func:`.ulysses.ulysses_attention`). Two details make it equal to one process:
+needs the other ranks' keys and values (:class:`.ring.RingAttention` or
+:class:`.ulysses.UlyssesAttention`). Two details make it equal to one process:
 
 * positions: the position embedding looks up the *global* positions of the
   local tokens (:class:`LayoutPositionEmbedding`);
@@ -25,10 +25,53 @@ import torch.nn.functional as F
 from ..comm import all_reduce_flat, resolve
 from ..models import GPT
 from .layout import check_layout, positions
-from .ring import ring_attention
-from .ulysses import check_ulysses, ulysses_attention
+from .ring import RingAttention
+from .ulysses import UlyssesAttention, check_ulysses
 
-METHODS = {"ring": ring_attention, "ulysses": ulysses_attention}
+METHODS = {"ring": RingAttention, "ulysses": UlyssesAttention}
+
+
+def parallelize_gpt(gpt: GPT, group=None, layout: str = "zigzag", method: str = "ring",
+                    kernel: str = "blockwise") -> GPT:
+    """Make ``gpt`` (in place) take this rank's slice of each sequence; returns it. Every
+    block attends through one :func:`make_attention` (its slices checked once per shape)."""
+    _, rank, cp = resolve(group)
+    check_context_parallel(gpt.cfg, cp, layout, method)
+    gpt.pos_emb = LayoutPositionEmbedding(gpt.pos_emb, positions(rank, cp, gpt.cfg.seq_len, layout))
+    attend = make_attention(method, group, layout, True, kernel)
+    for block in gpt.blocks:
+        block.attn = ContextParallelAttention(block.attn, attend)
+    return gpt
+
+
+class ContextParallelAttention(nn.Module):
+    """An attention module's own projections; the score-softmax-value step by ``attend``
+    (:class:`.ring.RingAttention` or :class:`.ulysses.UlyssesAttention`) over the cp group."""
+
+    def __init__(self, attn: nn.Module, attend):
+        super().__init__()
+        self.q, self.k, self.v, self.proj = attn.q, attn.k, attn.v, attn.proj
+        self.head_dim = attn.head_dim
+        self.attend = attend
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        # a tensor-parallel projection enters its region itself (f: the identity forward)
+        q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+                   for lin in (self.q, self.k, self.v))
+        y = self.attend(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def make_attention(method: str, group=None, layout: str = "zigzag", causal: bool = True,
+                   kernel: str = "blockwise"):
+    """Attention over the cp group by ``method``: ``"ring"`` (whose block ``kernel`` is
+    ``"blockwise"`` or ``"flash"``) or ``"ulysses"`` (torch's SDPA on whole heads)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}, not {method!r}")
+    if method == "ring":
+        return RingAttention(group, layout, causal, kernel)
+    return UlyssesAttention(group, layout, causal)
 
 
 def check_context_parallel(cfg, cp: int, layout: str = "zigzag", method: str = "ring",
@@ -38,7 +81,7 @@ def check_context_parallel(cfg, cp: int, layout: str = "zigzag", method: str = "
         raise ValueError(f"method must be one of {list(METHODS)}, not {method!r}")
     check_layout(cfg.seq_len, cp, layout)
     if method == "ulysses":
-        check_ulysses(cfg.n_heads // tp, cp)
+        check_ulysses(cfg.n_heads // tp, cp, max(cfg.n_kv_heads // tp, 1))
 
 
 class LayoutPositionEmbedding(nn.Module):
@@ -53,41 +96,7 @@ class LayoutPositionEmbedding(nn.Module):
         return F.embedding(self.positions[local_pos], self.weight)
 
 
-def _projections(attn, x):
-    """q, k, v projections of a plain or a tensor-parallel attention (which enters once)."""
-    if hasattr(attn.q, "enter"):                 # tensor_parallel.ParallelSelfAttention
-        x = attn.q.enter(x)
-        return x, [lin.project(x) for lin in (attn.q, attn.k, attn.v)]
-    return x, [lin(x) for lin in (attn.q, attn.k, attn.v)]
-
-
-class ContextParallelAttention(nn.Module):
-    """An attention module's own projections; the score-softmax-value step over the cp group."""
-
-    def __init__(self, attn: nn.Module, group=None, layout: str = "zigzag", method: str = "ring"):
-        super().__init__()
-        self.q, self.k, self.v, self.proj = attn.q, attn.k, attn.v, attn.proj
-        self.head_dim = attn.head_dim
-        self.group, self.layout, self.attend = group, layout, METHODS[method]
-
-    def forward(self, x):
-        x, projected = _projections(self, x)
-        b, t, _ = x.shape
-        q, k, v = (p.view(b, t, -1, self.head_dim).transpose(1, 2) for p in projected)
-        y = self.attend(q, k, v, self.group, self.layout, True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
-
-
-def parallelize_gpt(gpt: GPT, group=None, layout: str = "zigzag", method: str = "ring") -> GPT:
-    """Make ``gpt`` (in place) take this rank's slice of each sequence; returns it."""
-    _, rank, cp = resolve(group)
-    check_context_parallel(gpt.cfg, cp, layout, method)
-    gpt.pos_emb = LayoutPositionEmbedding(gpt.pos_emb, positions(rank, cp, gpt.cfg.seq_len, layout))
-    for block in gpt.blocks:
-        block.attn = ContextParallelAttention(block.attn, group, layout, method)
-    return gpt
-
-
 def sync_context_parallel_grads(model: nn.Module, group=None) -> None:
     """Average the parameter gradients over the cp group (every cp rank holds the weights)."""
     all_reduce_flat([p.grad for p in model.parameters()], group, average=True, phase="grads")
+

@@ -3,34 +3,30 @@
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for
 Near-Infinite Context", section 3; the Ultra-Scale Playbook's chapter on
 context parallelism. Every rank holds its slice of the queries, keys and
-values (:mod:`.layout`). In ``cp`` steps each rank sees every K/V block once:
+values (:mod:`.layout`); its queries stay, its K/V block goes around:
 
-    step s: rank r holds the K/V block that rank (r - s) mod cp started with;
-            it *first posts* the exchange that passes this block to rank r+1 and
-            receives the next one from rank r-1 (one batched isend/irecv), *then*
-            attends its queries to the block it holds (the exchange runs while
-            it computes), and merges the partial result with the online softmax
-            (:func:`.attention.merge`), so the result is exact.
+        rank 0          rank 1          rank 2          rank 3
+       Q0  KV0  -----> Q1  KV1  -----> Q2  KV2  -----> Q3  KV3
+             ^                                               |
+             +------ each K/V block moves one rank a step ---+
 
-Under a causal mask, a (query chunk, key chunk) pair with the key chunk later
-than the query chunk is skipped entirely; the diagonal pair is masked.
+        K/V block held    step 0   step 1   step 2   step 3
+        rank 0            KV0      KV3      KV2      KV1
+        rank 1            KV1      KV0      KV3      KV2      (rank r, step s: KV(r - s))
+        rank 2            KV2      KV1      KV0      KV3
+        rank 3            KV3      KV2      KV1      KV0
 
-Backward runs the ring again (:class:`RingAttention`): each K/V block travels
-with an accumulator of its gradients dK, dV; every rank adds its share
-(:func:`.attention.block_attention_backward`) and passes both on; after ``cp``
-steps the accumulator is back home. Per layer one rank sends (cp - 1) K/V
-blocks forward, and (cp - 1) K/V blocks plus cp dK/dV blocks backward.
+At each step a rank first *posts* the exchange that passes its block on and
+receives the next one (:func:`ring_shift`), then attends its queries to the
+block it holds while the exchange is in flight, and merges the partial result
+with the online softmax (:func:`.attention.merge`): exact, whatever the order.
+Under a causal mask a (query chunk, key chunk) pair whose keys all come later
+is skipped, and the pair on the diagonal is masked (:func:`block_pairs`).
 
-Every send is recorded through ``lecture_lib.comm.collective`` (kind
-``"send"``, the bytes of one message) when a recorder is on.
-
-Before the first K/V block moves, :func:`ring_attention` checks the slices
-(:func:`check_ring_inputs`): each rank's ``q``, ``k``, ``v`` must have one
-shape, every rank the same one (a received block must fit the buffer posted
-for it), and the token count must fit the layout (zig-zag: two equal chunks).
-A rank cannot see the others' shapes, so the ranks first all-gather theirs
-(12 numbers, phase ``"check"``) and every rank then reaches the same verdict:
-the same ValueError on all of them, and none is left waiting for a message.
+Backward runs the ring again: each K/V block travels with an accumulator of
+its gradients dK, dV; every rank adds its share and passes both on; after
+``cp`` steps the accumulator is back home. Per layer one rank sends (cp - 1)
+K/V blocks forward, and (cp - 1) K/V blocks plus cp dK/dV blocks backward.
 """
 from __future__ import annotations
 
@@ -38,8 +34,127 @@ import torch
 import torch.distributed as dist
 
 from ..comm import all_gather_into, collective, resolve
-from .attention import block_attention, block_attention_backward, causal_mask, merge
+from .attention import KERNELS, check_kernel, merge
 from .layout import check_layout_name, check_slice_tokens, rank_chunks
+
+
+class RingAttention:
+    """Attention of this rank's slice over the cp group's whole sequence, by the ring.
+
+    ``attend = RingAttention(group, "zigzag")``, then ``o = attend(q, k, v)`` in
+    every layer: ``q`` (batch, heads, tokens, head_dim) is this rank's slice in
+    ``layout``, ``k`` and ``v`` too (with grouped-query attention, fewer heads);
+    ``o`` is this rank's slice of the one-process output. ``kernel`` attends one
+    block (:data:`.attention.KERNELS`). The first call with a new shape checks
+    every rank's slices together (:meth:`check`).
+    """
+
+    def __init__(self, group=None, layout: str = "zigzag", causal: bool = True,
+                 kernel: str = "blockwise"):
+        check_layout_name(layout)
+        check_kernel(kernel)
+        self.group, self.layout, self.causal = group, layout, causal
+        self.kernel = KERNELS[kernel]
+        self.checked: set = set()           # the slice shapes every rank has agreed on
+
+    def __call__(self, q, k, v):
+        self.check(q.shape, k.shape, v.shape, q.device)
+        return RingFunction.apply(q, k, v, self)
+
+    def forward(self, q, k, v):
+        """``(o, lse)`` of this rank's queries against every rank's keys: cp steps."""
+        _, rank, cp = resolve(self.group)
+        n = len(rank_chunks(rank, cp, self.layout))            # chunks per rank: 1 or 2
+        qs, states = q.chunk(n, -2), [None] * n
+        kv = torch.stack([k, v])                               # one message carries both
+        for step in range(cp):
+            # post the exchange first, so the next block travels while this one is attended
+            incoming = ring_shift(kv, self.group) if step < cp - 1 else None
+            ks, vs = kv[0].chunk(n, -2), kv[1].chunk(n, -2)
+            # the pairs this block needs: under the causal mask, later key chunks are skipped
+            for i, j, kind in block_pairs(rank, (rank - step) % cp, cp, self.layout, self.causal):
+                part = self.kernel.forward(qs[i], ks[j], vs[j], causal=kind == "diag")
+                states[i] = part if states[i] is None else merge(*states[i], *part)
+            if incoming is not None:
+                kv = incoming()                                # wait: the next block is here
+        o = torch.cat([s[0] for s in states], -2)              # (the merge may widen o's dtype)
+        return o.to(q.dtype), torch.cat([s[1] for s in states], -1)
+
+    def backward(self, q, k, v, o, lse, do):
+        """``(dq, dk, dv)``: the ring again, each K/V block travelling with its dK/dV."""
+        _, rank, cp = resolve(self.group)
+        n = len(rank_chunks(rank, cp, self.layout))
+        qs, os_, lses, dos = q.chunk(n, -2), o.chunk(n, -2), lse.chunk(n, -1), do.chunk(n, -2)
+        dq = [torch.zeros_like(x) for x in qs]
+        kv, dkv = torch.stack([k, v]), torch.zeros((2, *k.shape), dtype=k.dtype, device=k.device)
+        for step in range(cp):
+            incoming = ring_shift(kv, self.group) if step < cp - 1 else None
+            ks, vs = kv[0].chunk(n, -2), kv[1].chunk(n, -2)
+            dks, dvs = dkv[0].chunk(n, -2), dkv[1].chunk(n, -2)
+            for i, j, kind in block_pairs(rank, (rank - step) % cp, cp, self.layout, self.causal):
+                g = self.kernel.backward(qs[i], ks[j], vs[j], os_[i], lses[i], dos[i],
+                                         causal=kind == "diag")
+                dq[i] += g[0]
+                dks[j].add_(g[1])
+                dvs[j].add_(g[2])
+            # the accumulator moves on with its block; it could leave only now, so it is waited
+            dkv = ring_shift(dkv, self.group)()
+            if incoming is not None:
+                kv = incoming()
+        return torch.cat(dq, -2), dkv[0], dkv[1]
+
+    def check(self, q_shape, k_shape, v_shape, device=None) -> None:
+        """Once per shape: every rank's slice shapes, gathered (one all-gather of 12 numbers)
+        and checked together, so every rank raises the same ValueError before any K/V block
+        moves (a received block must fit the buffer posted for it)."""
+        shapes = (tuple(q_shape), tuple(k_shape), tuple(v_shape))
+        if shapes in self.checked:
+            return
+        group, _, size = resolve(self.group)
+        ranks = None if group is None else [dist.get_global_rank(group, r) for r in range(size)]
+        check_ring_slices(gather_slice_shapes(shapes, self.group, device), self.layout, ranks)
+        self.checked.add(shapes)
+
+
+class RingFunction(torch.autograd.Function):
+    """Autograd's view of the ring: :meth:`RingAttention.forward`, and its exact backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring: RingAttention):
+        o, lse = ring.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.ring = ring
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv = ctx.ring.backward(*ctx.saved_tensors, do.contiguous())
+        return dq, dk, dv, None
+
+
+def ring_attention(q, k, v, group=None, layout: str = "zigzag", causal: bool = True,
+                   kernel: str = "blockwise"):
+    """One call of :class:`RingAttention` (its slices checked, as every new shape is)."""
+    return RingAttention(group, layout, causal, kernel)(q, k, v)
+
+
+def ring_shift(t: torch.Tensor, group=None):
+    """Post: send ``t`` to the next rank, receive the previous one's; ``wait() -> received``."""
+    group, rank, size = resolve(group)
+    if size == 1:
+        return lambda: t
+    recv = torch.empty_like(t)
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer((rank + 1) % size), group),
+           dist.P2POp(dist.irecv, recv, peer((rank - 1) % size), group)]
+    with collective("send", t.numel() * t.element_size(), size, device=t.device):
+        works = dist.batch_isend_irecv(ops)
+
+    def wait():
+        for w in works:
+            w.wait()
+        return recv
+    return wait
 
 
 def block_pairs(rank: int, source: int, cp: int, layout: str = "zigzag",
@@ -65,38 +180,36 @@ def ring_schedule(cp: int, layout: str = "zigzag", causal: bool = True) -> list[
              for r in range(cp)] for s in range(cp)]
 
 
-def _shape_code(t: torch.Tensor) -> list[int]:
-    """Four numbers: the shape of a 4-D tensor, or ``[-1, ndim, 0, 0]`` for any other."""
-    return list(t.shape) if t.dim() == 4 else [-1, t.dim(), 0, 0]
+# ----------------------------------------------------------------------------
+# The slices' check (once per shape, see RingAttention.check)
+# ----------------------------------------------------------------------------
 
-
-def _describe(code: list[int]) -> str:
-    return f"a {code[1]}-D tensor" if code[0] < 0 else str(tuple(code))
-
-
-def gather_slice_shapes(q, k, v, group=None) -> list[list[list[int]]]:
-    """``shapes[rank] == [q, k, v]`` shape codes of every rank: one all-gather of 12 numbers."""
+def gather_slice_shapes(shapes, group=None, device=None) -> list[list[list[int]]]:
+    """``out[rank] == [q, k, v]`` shape codes of every rank (four numbers each: the shape of a
+    4-D tensor, ``[-1, ndim, 0, 0]`` otherwise), from this rank's ``shapes``."""
     group, _, size = resolve(group)
-    mine = torch.tensor([n for t in (q, k, v) for n in _shape_code(t)], device=q.device)
+    mine = torch.tensor([n for s in shapes for n in _shape_code(s)], device=device)
     everyone = mine
     if size > 1:
-        everyone = torch.empty(size * mine.numel(), dtype=mine.dtype, device=q.device)
-        all_gather_into(everyone, mine, group, phase="check")
+        everyone = torch.empty(size * mine.numel(), dtype=mine.dtype, device=device)
+        all_gather_into(everyone, mine, group)
     return [[row[i:i + 4] for i in (0, 4, 8)] for row in everyone.view(size, -1).tolist()]
 
 
 def check_ring_slices(shapes: list[list[list[int]]], layout: str = "zigzag",
                       ranks: list[int] | None = None) -> None:
-    """A ValueError unless every rank holds q, k, v of one 4-D shape, the same on every rank,
-    with a token count that fits ``layout``. ``shapes``: :func:`gather_slice_shapes`;
-    ``ranks``: the global rank of each (default: their index)."""
+    """A ValueError unless every rank holds 4-D q, k, v that fit each other (k and v of one
+    shape, with q's batch, tokens and head size and a divisor of its heads), the same on
+    every rank, with a token count that fits ``layout``. ``shapes``:
+    :func:`gather_slice_shapes`; ``ranks``: the global rank of each (default: their index)."""
     ranks = list(range(len(shapes))) if ranks is None else ranks
     odd = [f"rank {r}: q {_describe(q)}, k {_describe(k)}, v {_describe(v)}"
-           for r, (q, k, v) in zip(ranks, shapes) if q[0] < 0 or not q == k == v]
+           for r, (q, k, v) in zip(ranks, shapes) if not _slices_fit(q, k, v)]
     if odd:
         raise ValueError("ring attention needs q, k and v of one shape (batch, heads, tokens, "
-                         "head_dim) on each rank: " + "; ".join(odd))
-    if any(q != shapes[0][0] for q, _, _ in shapes):
+                         "head_dim; k and v may have fewer heads, a divisor of q's) on each "
+                         "rank: " + "; ".join(odd))
+    if any(s != shapes[0] for s in shapes):
         held = ", ".join(f"rank {r}: {q[2]} tokens {_describe(q)}"
                          for r, (q, _, _) in zip(ranks, shapes))
         raise ValueError("ring attention needs slices of the same shape on every rank (each "
@@ -104,101 +217,15 @@ def check_ring_slices(shapes: list[list[list[int]]], layout: str = "zigzag",
     check_slice_tokens(shapes[0][0][2], layout)
 
 
-def check_ring_inputs(q, k, v, group=None, layout: str = "zigzag") -> None:
-    """Every rank's slices checked together (the same ValueError on every rank), before any
-    K/V message: the layout's name here, then one all-gather of the shapes."""
-    check_layout_name(layout)
-    group, _, size = resolve(group)
-    ranks = None if group is None else [dist.get_global_rank(group, r) for r in range(size)]
-    check_ring_slices(gather_slice_shapes(q, k, v, group), layout, ranks)
+def _slices_fit(q, k, v) -> bool:
+    if min(q[0], k[0], v[0]) < 0 or k != v:
+        return False
+    return (q[0], q[2], q[3]) == (k[0], k[2], k[3]) and k[1] > 0 and q[1] % k[1] == 0
 
 
-def ring_shift(t: torch.Tensor, group=None, phase: str = ""):
-    """Post: send ``t`` to the next rank, receive the previous one's; ``wait() -> received``."""
-    group, rank, size = resolve(group)
-    if size == 1:
-        return lambda: t
-    recv = torch.empty_like(t)
-    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer((rank + 1) % size), group),
-           dist.P2POp(dist.irecv, recv, peer((rank - 1) % size), group)]
-    with collective("send", t.numel() * t.element_size(), size, phase, t.device):
-        works = dist.batch_isend_irecv(ops)
-
-    def wait():
-        for w in works:
-            w.wait()
-        return recv
-    return wait
+def _shape_code(shape) -> list[int]:
+    return list(shape) if len(shape) == 4 else [-1, len(shape), 0, 0]
 
 
-def _mask(kind: str, q, k):
-    return causal_mask(q.shape[-2], k.shape[-2], q.device) if kind == "diag" else None
-
-
-def ring_forward(q, k, v, group=None, layout: str = "zigzag", causal: bool = True):
-    """``(o, lse)`` of this rank's queries against every rank's keys, by the ring."""
-    _, rank, size = resolve(group)
-    n = len(rank_chunks(rank, size, layout))
-    qs, states = q.chunk(n, -2), [None] * n
-    kv = torch.stack([k, v])
-    for step in range(size):
-        pending = ring_shift(kv, group, "forward") if step < size - 1 else None
-        ks, vs = kv[0].chunk(n, -2), kv[1].chunk(n, -2)
-        for i, j, kind in block_pairs(rank, (rank - step) % size, size, layout, causal):
-            part = block_attention(qs[i], ks[j], vs[j], _mask(kind, qs[i], ks[j]))
-            states[i] = part if states[i] is None else merge(*states[i], *part)
-        if pending is not None:
-            kv = pending()
-    return torch.cat([s[0] for s in states], -2), torch.cat([s[1] for s in states], -1)
-
-
-def ring_backward(q, k, v, o, lse, do, group=None, layout: str = "zigzag", causal: bool = True):
-    """``(dq, dk, dv)``: the ring again, each K/V block travelling with its dK/dV."""
-    _, rank, size = resolve(group)
-    n = len(rank_chunks(rank, size, layout))
-    qs, os_, lses, dos = q.chunk(n, -2), o.chunk(n, -2), lse.chunk(n, -1), do.chunk(n, -2)
-    dq = [torch.zeros_like(x) for x in qs]
-    kv, dkv = torch.stack([k, v]), torch.zeros((2, *k.shape), dtype=k.dtype, device=k.device)
-    for step in range(size):
-        pending = ring_shift(kv, group, "backward") if step < size - 1 else None
-        ks, vs = kv[0].chunk(n, -2), kv[1].chunk(n, -2)
-        dks, dvs = dkv[0].chunk(n, -2), dkv[1].chunk(n, -2)
-        for i, j, kind in block_pairs(rank, (rank - step) % size, size, layout, causal):
-            g = block_attention_backward(qs[i], ks[j], vs[j], os_[i], lses[i], dos[i],
-                                         _mask(kind, qs[i], ks[j]))
-            dq[i] += g[0]
-            dks[j].add_(g[1])
-            dvs[j].add_(g[2])
-        dkv = ring_shift(dkv, group, "backward")()         # the accumulator moves on with K/V
-        if pending is not None:
-            kv = pending()
-    return torch.cat(dq, -2), dkv[0], dkv[1]
-
-
-class RingAttention(torch.autograd.Function):
-    """Ring attention forward, and the ring again for its exact backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, group, layout, causal):
-        o, lse = ring_forward(q, k, v, group, layout, causal)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (group, layout, causal)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return dq, dk, dv, None, None, None
-
-
-def ring_attention(q, k, v, group=None, layout: str = "zigzag", causal: bool = True):
-    """Attention of this rank's ``q`` (batch, heads, tokens, head_dim) over the whole sequence.
-
-    ``q``, ``k``, ``v`` are this rank's slice in ``layout`` (:mod:`.layout`); the
-    output is this rank's slice of the one-process attention output. The slices are
-    checked first, on every rank together (:func:`check_ring_inputs`).
-    """
-    check_ring_inputs(q, k, v, group, layout)
-    return RingAttention.apply(q, k, v, group, layout, causal)
+def _describe(code: list[int]) -> str:
+    return f"a {code[1]}-D tensor" if code[0] < 0 else str(tuple(code))

@@ -21,7 +21,9 @@ section 3.3.2, all-gathers K/V instead: the same (cp - 1)/cp volume).
 DeepSpeed-Ulysses (Jacobs et al. 2023, section 3.2) instead runs four
 all-to-alls of ``b s h / cp`` values per layer forward (q, k, v, out) and four
 backward, a rank sending ``(cp - 1)/cp`` of each: ``4 (cp - 1) / cp^2 b s h``,
-which shrinks with cp; ring's does not.
+which shrinks with cp; ring's does not. With grouped-query attention K and V
+are narrower (``kv_width``: the K/V heads times the head size): ring's bytes
+shrink ``d_model / kv_width`` times, Ulysses' only on its k and v.
 
 :func:`gpt_block_activation_bytes` is the exact count, by the same method as
 Korthikanti's section 4.1, of what the course's fp32 GPT block saves (no
@@ -71,19 +73,23 @@ def gpt_block_activation_bytes(seq_len: int, batch: int, d_model: int, heads: in
 
 
 def ring_bytes_per_layer(batch: int, seq_len: int, d_model: int, cp: int,
-                         bytes_per_element: int = 2) -> dict:
-    """Bytes one rank sends per layer with ring attention: ``{"forward", "backward"}``."""
+                         bytes_per_element: int = 2, kv_width: int | None = None) -> dict:
+    """Bytes one rank sends per layer with ring attention: ``{"forward", "backward"}``.
+    ``kv_width``: K and V's width with grouped-query attention (K/V heads x head size;
+    default ``d_model``): ring passes only K and V."""
     _check(batch=batch, seq_len=seq_len, d_model=d_model, cp=cp)
-    bsh = batch * seq_len * d_model * bytes_per_element
+    bsh = batch * seq_len * (d_model if kv_width is None else kv_width) * bytes_per_element
     return {"forward": 2 * (cp - 1) / cp * bsh, "backward": 2 * (2 * cp - 1) / cp * bsh
             if cp > 1 else 0.0}
 
 
 def ulysses_bytes_per_layer(batch: int, seq_len: int, d_model: int, cp: int,
-                            bytes_per_element: int = 2) -> dict:
-    """Bytes one rank sends per layer with Ulysses' all-to-alls: ``{"forward", "backward"}``."""
+                            bytes_per_element: int = 2, kv_width: int | None = None) -> dict:
+    """Bytes one rank sends per layer with Ulysses' all-to-alls: ``{"forward", "backward"}``.
+    ``kv_width``: as for :func:`ring_bytes_per_layer`; q and the output stay ``d_model`` wide."""
     _check(batch=batch, seq_len=seq_len, d_model=d_model, cp=cp)
-    per_pass = 4 * (cp - 1) / cp ** 2 * batch * seq_len * d_model * bytes_per_element
+    width = 4 * d_model if kv_width is None else 2 * d_model + 2 * kv_width   # q, k, v, out
+    per_pass = (cp - 1) / cp ** 2 * batch * seq_len * width * bytes_per_element
     return {"forward": per_pass, "backward": per_pass}
 
 

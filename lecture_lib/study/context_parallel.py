@@ -77,7 +77,8 @@ def grouped_query_ring() -> list[str]:
     each tensor-parallel rank holds one K/V head (8 / tp), so its K/V are 128 wide, not h/tp."""
     mha = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
     per_rank, _ = kv_heads_per_rank(LLAMA.heads, KV_HEADS, TP)
-    gqa = cpm.ring_bytes_per_layer(1, SEQ, per_rank * HEAD, CP)["forward"]
+    gqa = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP, kv_width=per_rank * HEAD)[
+        "forward"]
     return [fmt(gqa / 1e6, "MB"), f"{mha / gqa:g}x"]
 
 
