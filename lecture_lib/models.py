@@ -93,7 +93,12 @@ def real_size(name: str, **changes) -> GPTConfig:
     """One of :data:`REAL_SIZE`, with fields changed (``n_layers=2``, ``seq_len=4096``)."""
     if name not in REAL_SIZE:
         raise ValueError(f"unknown model {name!r}; one of {', '.join(REAL_SIZE)}")
-    return replace(REAL_SIZE[name], **changes)
+    base = REAL_SIZE[name]
+    if "d_model" in changes and "d_ff" not in changes and base.d_ff == 4 * base.d_model:
+        changes["d_ff"] = 0                        # still 4 x the new width
+    if "n_heads" in changes and "n_kv_heads" not in changes and base.n_kv_heads == base.n_heads:
+        changes["n_kv_heads"] = 0                  # still one key/value head per query head
+    return replace(base, **changes)
 
 
 class CausalSelfAttention(nn.Module):

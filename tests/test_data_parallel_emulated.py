@@ -8,6 +8,7 @@ a world of ``p``.
 """
 import pytest
 
+import lecture_lib
 from lecture_lib import emulate
 from lecture_lib.data_parallel import emulated as dp_emulated
 from lecture_lib.models import GPTConfig
@@ -49,3 +50,57 @@ def test_bad_variants_and_sizes_are_refused_before_any_process(monkeypatch):
         dp_emulated.emulation_overhead("flat", 2, TINY, 0)
     with pytest.raises(TypeError, match="GPTConfig"):
         dp_emulated.measure_ddp([{"variant": "flat"}], 2, "gpt", 2)
+
+
+# ----------------------------------------------------------------------------
+# The dry run: the same rank function on fake tensors reads the real run's clock
+# ----------------------------------------------------------------------------
+
+SMALL = GPTConfig(vocab_size=64, seq_len=32, d_model=64, n_heads=4, n_layers=2)
+
+
+def _real_and_dry(variant, bucket_size_mb, accumulation):
+    return {dry: dp_emulated.ddp_step(variant, SMALL, 4, 1, bucket_size_mb, "h100-node",
+                                      accumulation=accumulation, optimizer="adamw",
+                                      dry_run=dry)
+            for dry in (False, True)}
+
+
+@pytest.mark.parametrize("variant,bucket_size_mb,accumulation", [
+    ("flat", None, 1), ("individual", None, 1), ("bucketed", 0.05, 1),
+    ("bucketed", 0.05, 2)], ids=["flat", "per-parameter", "bucketed", "bucketed, no_sync"])
+def test_each_variants_dry_clock_equals_the_real_ones(variant, bucket_size_mb, accumulation):
+    for rank in lecture_lib.run(_real_and_dry, 2, variant, bucket_size_mb, accumulation,
+                                timeout=120):
+        real, dry = rank[False], rank[True]
+        assert real["clock"]["now"] > 0 and real["clock"]["comm_bytes"] > 0
+        assert dry["clock"] == real["clock"]          # now, totals, bytes, spans, issue times
+        assert dry == real                            # and the split read from it
+
+
+def test_time_at_scale_splits_the_step_and_accumulation_divides_comm_per_sample():
+    rows = dp_emulated.time_at_scale(SMALL, [{"variant": "flat"},
+                                             {"variant": "bucketed", "bucket_size_mb": 0.05},
+                                             {"variant": "bucketed", "bucket_size_mb": 0.05,
+                                              "accumulation": 2}],
+                                     world_size=2, micro_batch=2, timeout=120)
+    flat, bucketed, accumulated = rows
+    for r in rows:
+        parts = r["forward"] + r["backward"] + r["optimizer"] + r["exposed"]
+        assert parts == pytest.approx(r["step"], rel=1e-9) and r["exposed"] >= -1e-12
+        assert r["world_size"] == 2 and r["wall_s"] > 0 and "clock" not in r
+        assert sum(r["bucket_bytes"]) == r["grad_bytes"]   # every gradient once per step
+    assert flat["collectives"] == 1 < bucketed["collectives"] == accumulated["collectives"]
+    assert accumulated["samples_per_rank"] == 2 * bucketed["samples_per_rank"] == 4
+    assert accumulated["comm_per_sample"] == pytest.approx(bucketed["comm_per_sample"] / 2)
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"variant": "torch"}, "variant"), ({"variant": "flat", "bucket": 1}, "unknown keys"),
+    ({"variant": "bucketed", "bucket_size_mb": 0}, "bucket_size_mb"),
+    ({"variant": "flat", "accumulation": 0}, "accumulation")])
+def test_time_at_scale_refuses_bad_configurations_before_any_process(monkeypatch, config,
+                                                                     message):
+    monkeypatch.setattr(dp_emulated.launch, "run", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(ValueError, match=message):
+        dp_emulated.time_at_scale(SMALL, [config], world_size=2)

@@ -9,11 +9,15 @@ import torch.nn.functional as F
 import lecture_lib
 from lecture_lib import costmodel, models
 from lecture_lib import tensor_parallel as tp_lib
+from lecture_lib.comm import record_comm
 from lecture_lib.mesh import RankGrid
 from lecture_lib.tensor_parallel import experiments as tpx
 
 RTOL, ATOL = 1e-5, 1e-6
 CFG = models.GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=4, n_layers=2)
+# Llama's shape: grouped-query attention (2 query heads per key/value head) and SwiGLU
+LLAMA = models.GPTConfig(vocab_size=32, seq_len=8, d_model=32, n_heads=8, n_layers=2,
+                         n_kv_heads=4, d_ff=48, mlp="swiglu")
 
 
 # Each claim: one function a rank runs, returning ``[(what, got, expected), ...]`` (the parallel
@@ -95,7 +99,23 @@ def _block(cfg, g):
 
 def _block_sequence_parallel(cfg, g):
     gpt, h = _gpt_and_hidden(cfg, g)
-    return _compare(tp_lib.ParallelBlock(gpt.blocks[1], sequence_parallel=True), gpt.blocks[1],
+    return _compare(tp_lib.SequenceParallelBlock(gpt.blocks[1]), gpt.blocks[1],
+                    h, g, local_in=_my_positions, local_out=_my_positions)
+
+
+def _gqa_attention(cfg, g):
+    gpt, h = _gpt_and_hidden(LLAMA, g)
+    return _compare(tp_lib.ParallelSelfAttention(gpt.blocks[0].attn), gpt.blocks[0].attn, h, g)
+
+
+def _swiglu_mlp(cfg, g):
+    gpt, h = _gpt_and_hidden(LLAMA, g)
+    return _compare(tp_lib.ParallelMLP(gpt.blocks[0].mlp), gpt.blocks[0].mlp, h, g)
+
+
+def _llama_block_sequence_parallel(cfg, g):
+    gpt, h = _gpt_and_hidden(LLAMA, g)
+    return _compare(tp_lib.SequenceParallelBlock(gpt.blocks[1]), gpt.blocks[1],
                     h, g, local_in=_my_positions, local_out=_my_positions)
 
 
@@ -136,6 +156,8 @@ CLAIMS = {"column gathered": _column_gathered, "column split": _column_split,
           "row from full input": _row_from_full_input, "row split input": _row_split_input,
           "mlp": _mlp, "attention": _attention, "block": _block,
           "block, sequence parallel": _block_sequence_parallel,
+          "gqa attention": _gqa_attention, "swiglu mlp": _swiglu_mlp,
+          "llama block, sequence parallel": _llama_block_sequence_parallel,
           "vocab embedding": _vocab_embedding, "vocab cross-entropy": _vocab_cross_entropy,
           "gpt loss": _gpt_loss}
 
@@ -221,6 +243,15 @@ def test_gpt_trains_equal_to_one_process(reference, tp, sp):
     assert got.losses[-1] < got.losses[0]
 
 
+def test_llama_shaped_gpt_trains_equal_to_one_process():
+    """Grouped-query attention and SwiGLU, split over 4 ranks with sequence parallelism."""
+    expected = tpx.train_reference(LLAMA, STEPS, batch_size=4, optimizer="sgd", lr=LR["sgd"])
+    got = tpx.train_tensor_parallel(LLAMA, 4, STEPS, batch_size=4, sequence_parallel=True,
+                                    optimizer="sgd", lr=LR["sgd"], timeout=120)
+    models.assert_same_training(got, expected, rtol=RTOL, atol=ATOL)
+    assert got.losses[-1] < got.losses[0]
+
+
 def test_gpt_trains_equal_to_one_process_with_adamw(reference):
     """AdamW divides each gradient by its running RMS, so an element whose gradient is
     ~0 moves by up to lr per step on rounding noise alone: losses within rtol 1e-5
@@ -246,12 +277,13 @@ def test_dtensor_gives_the_same_outputs():
     (dict(n_heads=2, d_model=32), "n_heads=2"),
     (dict(vocab_size=30), "vocab_size=30"),
     (dict(d_ff=34), "d_ff=34"),
+    (dict(n_kv_heads=2), "n_kv_heads=2"),
 ])
 def test_bad_config_fails_before_any_process_starts(monkeypatch, change, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks were started")
     monkeypatch.setattr(tp_lib.experiments, "run", no_launch)
-    cfg = models.GPTConfig(**{**CFG.__dict__, **change})
+    cfg = models.GPTConfig(**{**CFG.__dict__, "n_kv_heads": 0, **change})
     with pytest.raises(ValueError, match=message):
         tpx.train_tensor_parallel(cfg, 4, 1)
     with pytest.raises(ValueError, match="seq_len"):
@@ -305,9 +337,11 @@ def _bad_layers():
                   lambda: tp_lib.RowParallelLinear(6, 8),
                   lambda: tp_lib.ParallelSelfAttention(models.GPT(
                       models.GPTConfig(d_model=24, n_heads=6, n_layers=1)).blocks[0].attn),
-                  lambda: tp_lib.VocabParallelEmbedding(torch.nn.Embedding(10, 4))):
+                  lambda: tp_lib.VocabParallelEmbedding(torch.nn.Embedding(10, 4)),
+                  lambda: tp_lib.ParallelSelfAttention(models.GPT(models.GPTConfig(
+                      d_model=32, n_heads=4, n_kv_heads=2, n_layers=1)).blocks[0].attn)):
         try:
-            with tp_lib.count_comm() as counter:
+            with record_comm() as counter:
                 build()
         except ValueError as exc:
             errors.append((str(exc), counter.calls()))
@@ -316,9 +350,10 @@ def _bad_layers():
 
 def test_layers_refuse_uneven_splits_before_communicating():
     errors = lecture_lib.run(_bad_layers, 4, timeout=60)[0]
-    assert [calls for _, calls in errors] == [0, 0, 0, 0]
+    assert [calls for _, calls in errors] == [0, 0, 0, 0, 0]
     text = " | ".join(e for e, _ in errors)
-    for piece in ("out_features=6", "in_features=6", "n_heads=6", "vocab_size=10"):
+    for piece in ("out_features=6", "in_features=6", "n_heads=6", "vocab_size=10",
+                  "n_kv_heads=2"):
         assert piece in text
 
 

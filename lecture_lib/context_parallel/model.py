@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..comm import all_reduce_flat, resolve
 from ..models import GPT
+from ..tensor_parallel.comm import copy_to_tensor_parallel
 from .layout import check_layout, positions
 from .ring import RingAttention
 from .ulysses import UlyssesAttention, check_ulysses
@@ -56,9 +57,11 @@ class ContextParallelAttention(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
-        # a tensor-parallel projection enters its region itself (f: the identity forward)
-        q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-                   for lin in (self.q, self.k, self.v))
+        projections = (self.q, self.k, self.v)
+        if hasattr(self.q, "my_columns"):    # tensor-parallel projections: f once for all three
+            x = copy_to_tensor_parallel(x, self.q.group)
+            projections = tuple(lin.my_columns for lin in projections)
+        q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2) for lin in projections)
         y = self.attend(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 

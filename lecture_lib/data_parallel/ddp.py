@@ -1,45 +1,36 @@
 """Data parallelism: every rank holds the whole model and a shard of the batch.
 
-The idea (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating
-Data Parallel Training", VLDB; the lecture's five steps):
+Li et al. 2020 ("PyTorch Distributed: Experiences on Accelerating Data Parallel
+Training", VLDB), in the lecture's five steps::
 
-1. **replicate**: every rank starts from the same parameters (rank 0's are
-   broadcast at construction, buffers too);
+    rank 0:  same parameters, batch shard x_0 -> gradients g_0 -.
+    rank 1:  same parameters, batch shard x_1 -> gradients g_1 --+- all-reduce / p:
+    ...                                                          |  every rank holds
+    rank p-1:                 batch shard x_p-1 -> g_p-1 --------'  the whole batch's mean
+
+1. **replicate**: rank 0's parameters and buffers are broadcast at construction;
 2. **shard the data**: rank ``r`` takes its slice of the global batch;
 3. **local gradients**: forward and backward on the slice;
-4. **average**: all-reduce the gradients and divide by the number of ranks,
-   so every rank holds the gradient of the *whole* batch;
+4. **average**: all-reduce the gradients and divide by ``p``;
 5. **update**: every rank takes the same optimizer step, so the replicas stay equal.
 
-Step 4 is the communication, and where it happens is what the variants here
-differ in:
+Step 4 is the communication, and when it happens is what the variants differ in::
 
-* :class:`DDPNaive`: after backward, one blocking all-reduce per parameter
-  (many small messages, nothing overlapped);
-* :class:`DDPFlat`: after backward, one all-reduce of all gradients flattened
-  into one buffer (one large message, nothing overlapped);
-* :class:`DDPIndividualParameters`: an asynchronous all-reduce per parameter,
-  launched from the parameter's post-accumulate-grad hook *during* backward,
-  so communication overlaps the rest of backward;
-* :class:`DDPBucketed`: gradients grouped into buckets of about
-  ``bucket_size_mb`` in reverse parameter order (the order backward produces
-  them) and one asynchronous all-reduce per bucket as soon as it is full
-  (torch's DistributedDataParallel does this, with 25 MB buckets).
+    DDPNaive                 after backward: one blocking all-reduce per parameter
+    DDPFlat                  after backward: one all-reduce of every gradient in one buffer
+    DDPIndividualParameters  during backward: an async all-reduce per parameter, from its hook
+    DDPBucketed              during backward: an async all-reduce per bucket of ~bucket_size_mb
+                             (torch's DistributedDataParallel, with 25 MB buckets)
 
 The interface is Stanford CS336 assignment 2's: ``ddp = DDPBucketed(model,
 bucket_size_mb)``; ``ddp(x)``; ``loss.backward()``;
 ``ddp.finish_gradient_synchronization()``; ``optimizer.step()``. Every
 wrapper exposes ``.module``, skips frozen parameters (broadcast, never
-reduced), handles tied weights (one parameter object, reduced once) and
-offers ``no_sync()`` for gradient accumulation: backward passes inside it
-only accumulate local gradients; the next backward outside it synchronises
-the accumulated sum.
-
-The communication is :mod:`lecture_lib.comm`'s: the flat and bucketed
-variants all-reduce through :func:`~lecture_lib.comm.all_reduce_flat`, and
-every all-reduce is recorded (bytes and time) only inside
-:func:`~lecture_lib.comm.record_comm`. The training loop and the timing
-notebook 02 runs are in :mod:`lecture_lib.data_parallel.experiments`.
+reduced), reduces a tied weight once, and offers ``no_sync()`` for gradient
+accumulation: backward passes inside it only accumulate local gradients; the
+next backward outside it synchronises the accumulated sum. Every all-reduce
+runs through :mod:`lecture_lib.comm` (a ``"comm"`` span whoever watches sees);
+training and timing them is :mod:`.experiments`' and :mod:`.emulated`'s.
 """
 from __future__ import annotations
 
@@ -147,38 +138,6 @@ class DDPIndividualParameters(_DataParallel):
         self._handles.clear()
 
 
-def check_bucket_size(bucket_size_mb) -> None:
-    if bucket_size_mb is None:
-        return
-    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)):
-        raise TypeError(f"bucket_size_mb must be a number of MB or None, "
-                        f"not {type(bucket_size_mb).__name__}")
-    if not bucket_size_mb > 0:
-        raise ValueError(f"bucket_size_mb must be > 0 (or None for one bucket), "
-                         f"not {bucket_size_mb}")
-
-
-def make_buckets(params, bucket_size_mb: float | None) -> list[list[torch.Tensor]]:
-    """Group ``params`` in reverse order into buckets of at most ``bucket_size_mb`` MB
-    (2**20 bytes); a parameter larger than that gets a bucket of its own; None: one bucket."""
-    check_bucket_size(bucket_size_mb)
-    params = list(params)[::-1]
-    if bucket_size_mb is None:
-        return [params] if params else []
-    limit = bucket_size_mb * 2**20
-    buckets, current, used = [], [], 0
-    for p in params:
-        nbytes = p.numel() * p.element_size()
-        if current and used + nbytes > limit:
-            buckets.append(current)
-            current, used = [], 0
-        current.append(p)
-        used += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
-
-
 class DDPBucketed(_DataParallel):
     """An async all-reduce per bucket of gradients, launched as soon as the bucket is full.
 
@@ -228,6 +187,57 @@ class DDPBucketed(_DataParallel):
         self._ready = [0] * len(self.buckets)
 
 
+def wrap(variant: str, module: nn.Module, bucket_size_mb: float | None = None, group=None):
+    """The data-parallel wrapper named ``variant`` (one of :data:`VARIANTS`)."""
+    if variant == "naive":
+        return DDPNaive(module, group)
+    if variant == "flat":
+        return DDPFlat(module, group)
+    if variant == "individual":
+        return DDPIndividualParameters(module, group)
+    if variant == "bucketed":
+        return DDPBucketed(module, bucket_size_mb, group)
+    if variant == "torch":
+        return _TorchDDP(module, 25 if bucket_size_mb is None else bucket_size_mb, group)
+    raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+
+
+# ----------------------------------------------------------------------------
+# Helpers: the buckets, the check, torch's DDP behind the same interface
+# ----------------------------------------------------------------------------
+
+def check_bucket_size(bucket_size_mb) -> None:
+    if bucket_size_mb is None:
+        return
+    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)):
+        raise TypeError(f"bucket_size_mb must be a number of MB or None, "
+                        f"not {type(bucket_size_mb).__name__}")
+    if not bucket_size_mb > 0:
+        raise ValueError(f"bucket_size_mb must be > 0 (or None for one bucket), "
+                         f"not {bucket_size_mb}")
+
+
+def make_buckets(params, bucket_size_mb: float | None) -> list[list[torch.Tensor]]:
+    """Group ``params`` in reverse order into buckets of at most ``bucket_size_mb`` MB
+    (2**20 bytes); a parameter larger than that gets a bucket of its own; None: one bucket."""
+    check_bucket_size(bucket_size_mb)
+    params = list(params)[::-1]
+    if bucket_size_mb is None:
+        return [params] if params else []
+    limit = bucket_size_mb * 2**20
+    buckets, current, used = [], [], 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if current and used + nbytes > limit:
+            buckets.append(current)
+            current, used = [], 0
+        current.append(p)
+        used += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 class _TorchDDP(nn.Module):
     """torch's DistributedDataParallel behind the same interface (the baseline)."""
 
@@ -251,18 +261,3 @@ class _TorchDDP(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         pass                                # torch's DDP has finished inside backward
-
-
-def wrap(variant: str, module: nn.Module, bucket_size_mb: float | None = None, group=None):
-    """The data-parallel wrapper named ``variant`` (one of :data:`VARIANTS`)."""
-    if variant == "naive":
-        return DDPNaive(module, group)
-    if variant == "flat":
-        return DDPFlat(module, group)
-    if variant == "individual":
-        return DDPIndividualParameters(module, group)
-    if variant == "bucketed":
-        return DDPBucketed(module, bucket_size_mb, group)
-    if variant == "torch":
-        return _TorchDDP(module, 25 if bucket_size_mb is None else bucket_size_mb, group)
-    raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")

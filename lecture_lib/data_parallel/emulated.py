@@ -10,6 +10,10 @@ runs bucketed DDP on 1, 2, 4, ... ranks with the tokens per rank fixed (weak
 scaling: the ideal is a throughput proportional to the ranks).
 :func:`emulation_overhead` measures what the emulation costs in *real* time:
 the same steps with and without it, alternated on the same ranks.
+:func:`time_at_scale` runs :func:`ddp_step` in the dry run (fake tensors) on a model
+of real size, GPT-2 small or medium on 8 emulated GPUs, for any variant, bucket
+size and number of accumulated micro-batches: the same code, and the same clock,
+as on the small model (``tests/test_data_parallel_emulated.py``).
 
 The step-time model the figures are read against (Li et al. 2020, "PyTorch
 Distributed", section 3.2.3; the bucketed all-reduce overlaps with the rest
@@ -20,13 +24,15 @@ of backward, the last bucket cannot):
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 
+from .. import emulate
 from ..comm import group_info
 from ..emulate import Clock, emulated
-from ..models import GPT, GPTConfig, MarkovText, lm_loss, shard
+from ..models import GPT, GPTConfig, lm_loss, make_optimizer
 from ..progress import progress
 from ..runtime import launch
 from .ddp import check_bucket_size, wrap
@@ -34,50 +40,103 @@ from .ddp import check_bucket_size, wrap
 # the course's own wrappers (:func:`~lecture_lib.data_parallel.ddp.wrap`) whose step the
 # emulation splits into phases
 EMULATED_VARIANTS = ("flat", "individual", "bucketed")
+PHASES = ("forward", "backward", "comm", "optimizer")   # what the clock's totals split into
 
 
-def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int) -> None:
+def _check(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int,
+           accumulation: int = 1) -> None:
     if variant not in EMULATED_VARIANTS:
         raise ValueError(f"variant must be one of {EMULATED_VARIANTS}, not {variant!r}")
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, not {type(cfg).__name__}")
-    for name, value in (("batch_per_rank", batch_per_rank), ("steps", steps)):
+    for name, value in (("accumulation", accumulation), ("batch_per_rank", batch_per_rank),
+                        ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
+    if batch_per_rank % accumulation:
+        raise ValueError(f"batch_per_rank={batch_per_rank} does not split into "
+                         f"{accumulation} micro-batches")
 
 
-def _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock: Clock | None,
-                 group=None):
+def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
+             bucket_size_mb: float | None = None, preset="h100-node", group=None, *,
+             accumulation: int = 1, optimizer: str = "sgd", dry_run: bool = False) -> dict:
+    """Rank function: ``steps`` emulated DDP steps over ``group`` (default: the world); the
+    split of the last (emulated seconds), and everything the clock knows (``"clock"``).
+
+    Each step trains ``batch_per_rank`` sequences in ``accumulation`` micro-batches, all
+    but the last backward inside ``no_sync()``. ``dry_run=True``: on fake tensors (a model
+    of real size in seconds), reading the same clock as on real tensors.
+    """
+    _check(variant, cfg, batch_per_rank, steps, accumulation)
+    with emulated(preset, dry_run=dry_run) as clock:
+        model = GPT(cfg, seed=0)
+        wrapped = wrap(variant, model, bucket_size_mb, group)
+        opt = make_optimizer(model.parameters(), optimizer, 0.1)
+        split = _train_steps(wrapped, opt, cfg, batch_per_rank, steps, clock, group,
+                             accumulation)
+    n = sum(p.numel() for p in model.parameters())
+    buckets = getattr(wrapped, "buckets", None)           # bucketed: in launch order
+    planned = None if buckets is None else [sum(p.numel() * p.element_size() for p in b)
+                                            for b in buckets]
+    return {**split, "variant": variant, "bucket_size_mb": bucket_size_mb, "params": n,
+            "grad_bytes": 4 * n, "tokens_per_rank": batch_per_rank * cfg.seq_len,
+            "accumulation": accumulation, "samples_per_rank": batch_per_rank,
+            # the bytes of the all-reduces issued; where none was (one rank), the buckets'
+            "bucket_bytes": split.get("bucket_bytes") or planned,
+            "clock": {**clock.summary(), "issued": list(clock.issued)}}
+
+
+def _train_steps(wrapped, opt, cfg, batch_per_rank, steps, clock: Clock | None, group=None,
+                 accumulation: int = 1) -> dict:
     """``steps`` data-parallel steps; under ``clock``, the emulated split of the last one."""
-    rank, world = group_info(group)
-    phase = clock.phase if clock is not None else (lambda kind: _Null())
+    phase = clock.phase if clock is not None else (lambda kind: nullcontext())
     split = {}
     for step in range(steps):
-        x, y = shard(data.batch(step, batch_per_rank * world), rank, world)
+        x, y = _tokens(cfg, batch_per_rank, step, group_info(group)[0])
         if clock is not None:
             start, totals, first_span = clock.synchronize(), dict(clock.totals), len(clock.spans)
             first_issue = len(clock.issued)
         wrapped.on_train_batch_start()
         opt.zero_grad(set_to_none=True)
-        with phase("forward"):
-            loss = lm_loss(wrapped(x), y)
+        micro = list(zip(x.chunk(accumulation), y.chunk(accumulation)))
+        for i, (mx, my) in enumerate(micro):
+            last = i == len(micro) - 1          # only the last backward synchronises
+            with nullcontext() if last else wrapped.no_sync():
+                with phase("forward"):
+                    loss = lm_loss(wrapped(mx), my)
+                    if accumulation > 1:
+                        loss = loss / accumulation
+                with phase("backward"):
+                    loss.backward()
         with phase("backward"):
-            loss.backward()
             wrapped.finish_gradient_synchronization()
         with phase("optimizer"):
             opt.step()
         if clock is not None:
-            end = clock.synchronize()
-            delta = {k: v - totals.get(k, 0.0) for k, v in clock.totals.items()}
-            spans = [(k, s - start, e - start, t) for k, s, e, t in clock.spans[first_span:]]
-            comm = [s for s in spans if s[0] == "comm"]
-            split = {"step": end - start, "forward": delta.get("forward", 0.0),
-                     "backward": delta.get("backward", 0.0), "comm": delta.get("comm", 0.0),
-                     "optimizer": delta.get("optimizer", 0.0),
-                     "last_bucket": comm[-1][2] - comm[-1][1] if comm else 0.0,
-                     "collectives": len(comm), "spans": spans,
-                     **_buckets(clock.issued[first_issue:], start)}
+            split = _split(clock, start, totals, first_span, first_issue)
     return split
+
+
+def _split(clock: Clock, start, totals, first_span, first_issue) -> dict:
+    """The emulated split of the step that started at ``start`` (see :func:`time_at_scale`)."""
+    end = clock.synchronize()
+    delta = {k: v - totals.get(k, 0.0) for k, v in clock.totals.items()}
+    spans = [(k, s - start, e - start, t) for k, s, e, t in clock.spans[first_span:]]
+    comm = [s for s in spans if s[0] == "comm"]
+    split = {"step": end - start, **{k: delta.get(k, 0.0) for k in PHASES}}
+    return {**split, "exposed": split["step"] - sum(split[k] for k in PHASES if k != "comm"),
+            "last_bucket": comm[-1][2] - comm[-1][1] if comm else 0.0,
+            "collectives": len(comm), "spans": spans,
+            **_buckets(clock.issued[first_issue:], start)}
+
+
+def _tokens(cfg: GPTConfig, batch: int, step: int, rank: int):
+    """This rank's ``(inputs, targets)`` of step ``step``: random tokens, one kernel (the
+    emulated time depends on shapes only; a dry run makes them fake)."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    seq = torch.randint(cfg.vocab_size, (batch, cfg.seq_len + 1), generator=g)
+    return seq[:, :-1], seq[:, 1:]
 
 
 def _buckets(issued, start) -> dict:
@@ -85,35 +144,6 @@ def _buckets(issued, start) -> dict:
     (the compute stream's time at issue, from the step's start) and its bytes."""
     mine = [(t - start, n) for kind, t, n in issued if kind == "all_reduce"]
     return {"bucket_ready": [t for t, _ in mine], "bucket_bytes": [n for _, n in mine]}
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def ddp_step(variant: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2,
-             bucket_size_mb: float | None = None, preset="h100-node", group=None) -> dict:
-    """Rank function: ``steps`` emulated DDP steps over ``group`` (default: the world);
-    the split of the last (emulated seconds)."""
-    _check(variant, cfg, batch_per_rank, steps)
-    data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
-    with emulated(preset) as clock:
-        model = GPT(cfg, seed=0)
-        wrapped = wrap(variant, model, bucket_size_mb, group)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        split = _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock, group)
-    n = sum(p.numel() for p in model.parameters())
-    buckets = getattr(wrapped, "buckets", None)           # bucketed: in launch order
-    planned = None if buckets is None else [sum(p.numel() * p.element_size() for p in b)
-                                            for b in buckets]
-    return {**split, "variant": variant, "bucket_size_mb": bucket_size_mb, "params": n,
-            "grad_bytes": 4 * n, "tokens_per_rank": batch_per_rank * cfg.seq_len,
-            # the bytes of the all-reduces issued; where none was (one rank), the buckets'
-            "bucket_bytes": split.get("bucket_bytes") or planned}
 
 
 def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_rank: int,
@@ -126,6 +156,43 @@ def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_
                        c.get("bucket_size_mb"), preset, timeout=timeout)[0]
             for c in progress(list(configs), f"emulated DDP: one configuration on {world_size} "
                               "ranks each")]
+
+
+def time_at_scale(cfg: GPTConfig, configs: list[dict], world_size: int = 8,
+                  micro_batch: int = 8, preset="h100-node", optimizer: str = "adamw",
+                  timeout: float = 300.0) -> list[dict]:
+    """DDP at real size in the dry run: rank 0's :func:`ddp_step` (one step on fake tensors)
+    for each ``{"variant", "bucket_size_mb", "accumulation"}`` on ``world_size`` GPUs.
+
+    Each rank trains ``accumulation`` (default 1) micro-batches of ``micro_batch``
+    sequences per step, so accumulation changes the samples per all-reduce, not the
+    micro-batch. All checked before any process starts. Each row adds ``wall_s`` (real
+    seconds of the call, starting the ranks included), ``comm_per_sample`` (seconds on the
+    communication stream per sequence of the step, all ranks' sequences), ``preset`` (its
+    label) and the configuration. The split: ``step`` = ``forward`` + ``backward`` +
+    ``optimizer`` (the compute stream busy) + ``exposed`` (waiting for all-reduces);
+    ``comm`` is the communication stream's time, hidden or not.
+    """
+    cluster = emulate.preset(preset)
+    runs = []
+    for c in configs:
+        unknown = set(c) - {"variant", "bucket_size_mb", "accumulation"}
+        if unknown:
+            raise ValueError(f"config {c}: unknown keys {sorted(unknown)}")
+        runs.append((c["variant"], c.get("bucket_size_mb"), c.get("accumulation", 1)))
+        _check(runs[-1][0], cfg, micro_batch * runs[-1][2], 1, runs[-1][2])
+        check_bucket_size(runs[-1][1])
+    rows = []
+    for variant, mb, k in progress(runs, f"DDP at real size, dry run on {world_size} ranks: "
+                                   "one configuration each"):
+        start = time.perf_counter()
+        r = launch.run(ddp_step, world_size, variant, cfg, micro_batch * k, 1, mb, cluster,
+                       accumulation=k, optimizer=optimizer, dry_run=True, timeout=timeout)[0]
+        r.pop("clock")
+        rows.append({**r, "world_size": world_size, "preset": emulate.label(cluster),
+                     "comm_per_sample": r["comm"] / (world_size * r["samples_per_rank"]),
+                     "wall_s": time.perf_counter() - start})
+    return rows
 
 
 def _scaling_rank(world_sizes, cfg, batch_per_rank, steps, bucket_size_mb, preset):
@@ -166,21 +233,20 @@ def measure_weak_scaling(world_sizes, cfg: GPTConfig, batch_per_rank: int,
 
 
 def _overhead_rank(variant, cfg, batch_per_rank, steps, bucket_size_mb, preset, repeats):
-    data = MarkovText(cfg.vocab_size, cfg.seq_len, seed=1)
     model = GPT(cfg, seed=0)
     wrapped = wrap(variant, model, bucket_size_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_steps(wrapped, model, opt, data, batch_per_rank, 1, None)       # warm-up
+    opt = make_optimizer(model.parameters(), "sgd", 0.1)
+    _train_steps(wrapped, opt, cfg, batch_per_rank, 1, None)              # warm-up
     plain, emul = [], []
     for _ in range(repeats):
         dist.barrier()
         t = time.perf_counter()
-        _train_steps(wrapped, model, opt, data, batch_per_rank, steps, None)
+        _train_steps(wrapped, opt, cfg, batch_per_rank, steps, None)
         plain.append(time.perf_counter() - t)
         dist.barrier()
         t = time.perf_counter()
         with emulated(preset) as clock:
-            _train_steps(wrapped, model, opt, data, batch_per_rank, steps, clock)
+            _train_steps(wrapped, opt, cfg, batch_per_rank, steps, clock)
         emul.append(time.perf_counter() - t)
     return {"plain_s": min(plain), "emulated_s": min(emul), "ratio": min(emul) / min(plain)}
 

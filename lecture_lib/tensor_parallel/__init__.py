@@ -15,19 +15,18 @@ Read in this order:
 * :mod:`.comm`: f, g and the sequence-parallel pairs, as named ``autograd.Function`` s;
 * :mod:`.layers`: column- and row-parallel linear layers, MLP, attention, embedding;
 * :mod:`.loss`: the vocabulary-parallel cross-entropy;
-* :mod:`.model`: the block, the whole GPT, the sequence-parallel gradient sum;
-* :mod:`.experiments`: training equal to one process, and notebook 04's measurements;
-  imported by its module (``from lecture_lib.tensor_parallel import experiments as tpx``),
-  the package exports only the algorithm above.
+* :mod:`.model`: the block and the whole GPT;
+* :mod:`.sequence_parallel`: the same layers with the all-gather / reduce-scatter pair;
+* :mod:`.experiments`: training equal to one process, and notebook 04's measurements
+  (real time, emulated, and the dry run at real size); imported by its module
+  (``from lecture_lib.tensor_parallel import experiments as tpx``), the package
+  exports only the algorithm above.
 
-Bytes per block are counted through :func:`count_comm` (the shared recorder
-of :mod:`lecture_lib.comm`) and compared with
-:mod:`lecture_lib.costmodel.tensor_parallel`.
+Bytes per block are counted through :func:`lecture_lib.comm.record_comm` and
+compared with :mod:`lecture_lib.costmodel.tensor_parallel`.
 """
-from ..comm import CommRecord
 from .comm import (
     AllGatherFromSequenceParallelRegion,
-    CommCounter,
     CopyToTensorParallelRegion,
     GatherFromTensorParallelRegion,
     ReduceFromTensorParallelRegion,
@@ -35,7 +34,6 @@ from .comm import (
     ScatterToTensorParallelRegion,
     all_gather_from_sequence_parallel,
     copy_to_tensor_parallel,
-    count_comm,
     gather_from_tensor_parallel,
     reduce_from_tensor_parallel,
     reduce_scatter_to_sequence_parallel,
@@ -50,22 +48,28 @@ from .layers import (
     seeded_linear,
 )
 from .loss import VocabParallelCrossEntropy, vocab_parallel_cross_entropy
-from .model import (
-    ParallelBlock,
-    TensorParallelGPT,
-    check_tensor_parallel,
-    gather_full,
+from .model import ParallelBlock, TensorParallelGPT, check_tensor_parallel, gather_full
+from .sequence_parallel import (
+    SequenceParallelBlock,
+    SequenceParallelColumnLinear,
+    SequenceParallelGPT,
+    SequenceParallelMLP,
+    SequenceParallelRowLinear,
+    SequenceParallelSelfAttention,
+    SequenceParallelVocabEmbedding,
     sync_sequence_parallel_grads,
 )
 
 __all__ = [
-    "AllGatherFromSequenceParallelRegion", "ColumnParallelLinear", "CommCounter", "CommRecord",
-    "CopyToTensorParallelRegion", "GatherFromTensorParallelRegion", "ParallelBlock",
-    "ParallelMLP", "ParallelSelfAttention", "ReduceFromTensorParallelRegion",
-    "ReduceScatterToSequenceParallelRegion", "RowParallelLinear",
-    "ScatterToTensorParallelRegion", "TensorParallelGPT", "VocabParallelCrossEntropy",
+    "AllGatherFromSequenceParallelRegion", "ColumnParallelLinear", "CopyToTensorParallelRegion",
+    "GatherFromTensorParallelRegion", "ParallelBlock", "ParallelMLP", "ParallelSelfAttention",
+    "ReduceFromTensorParallelRegion", "ReduceScatterToSequenceParallelRegion",
+    "RowParallelLinear", "ScatterToTensorParallelRegion", "SequenceParallelBlock",
+    "SequenceParallelColumnLinear", "SequenceParallelGPT", "SequenceParallelMLP",
+    "SequenceParallelRowLinear", "SequenceParallelSelfAttention",
+    "SequenceParallelVocabEmbedding", "TensorParallelGPT", "VocabParallelCrossEntropy",
     "VocabParallelEmbedding", "all_gather_from_sequence_parallel", "check_tensor_parallel",
-    "copy_to_tensor_parallel", "count_comm", "gather_from_tensor_parallel", "gather_full",
+    "copy_to_tensor_parallel", "gather_from_tensor_parallel", "gather_full",
     "reduce_from_tensor_parallel", "reduce_scatter_to_sequence_parallel", "seeded_linear",
     "split_to_tensor_parallel", "sync_sequence_parallel_grads", "vocab_parallel_cross_entropy",
 ]

@@ -4,8 +4,13 @@ A column-parallel layer followed by a row-parallel one communicates only at
 its two edges (Shoeybi et al. 2019, "Megatron-LM", arXiv:1909.08053, section
 3 and Fig. 3), through two operators that are each other's transpose:
 
-* ``f`` (:class:`CopyToTensorParallelRegion`): identity forward, all-reduce backward;
-* ``g`` (:class:`ReduceFromTensorParallelRegion`): all-reduce forward, identity backward.
+                 forward                  backward
+    f  (copy)    x -> x                   dL/dx = sum over ranks of dL/dx_i  (all-reduce)
+    g  (reduce)  y = sum over ranks of y_i (all-reduce)        dL/dy_i = dL/dy
+
+(:class:`CopyToTensorParallelRegion`, :class:`ReduceFromTensorParallelRegion`;
+the functions the layers call are :func:`copy_to_tensor_parallel` and
+:func:`reduce_from_tensor_parallel`, which do nothing on one rank).
 
 Two more move one dimension between split and whole
 (:class:`GatherFromTensorParallelRegion`, :class:`ScatterToTensorParallelRegion`),
@@ -18,8 +23,8 @@ g-bar and g). Each operator is an
 ``autograd.Function`` with its forward and backward side by side.
 
 Every collective runs through :func:`lecture_lib.comm.collective`, so it is
-recorded (bytes, seconds) inside :func:`count_comm` and costs nothing extra
-outside one: no clock, no device synchronisation.
+recorded (bytes, seconds) inside :func:`lecture_lib.comm.record_comm` and costs
+nothing extra outside one: no clock, no device synchronisation.
 """
 from __future__ import annotations
 
@@ -27,59 +32,6 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..comm import CommLog, record_comm
-
-count_comm = record_comm
-"""``with count_comm() as c: ...``: every collective on this rank (a :class:`CommLog`)."""
-CommCounter = CommLog                # the name this module used before lecture_lib.comm
-
-
-# ----------------------------------------------------------------------------
-# The collectives, each returning a new tensor (dim: the one split or joined)
-# ----------------------------------------------------------------------------
-
-def all_reduce(x: torch.Tensor, group=None, phase: str = "", op=dist.ReduceOp.SUM):
-    """The sum (or ``op``) of ``x`` over the group, in a new tensor."""
-    group, _, size = comm.resolve(group)
-    if size == 1:
-        return x
-    out = x.contiguous().clone()
-    with comm.collective("all_reduce", out.numel() * out.element_size(), size, phase,
-                         out.device):
-        dist.all_reduce(out, op=op, group=group)
-    return out
-
-
-def all_gather(x: torch.Tensor, group=None, dim: int = -1, phase: str = ""):
-    """Every rank's ``x`` concatenated along ``dim``, in rank order."""
-    _, _, size = comm.resolve(group)
-    if size == 1:
-        return x
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((size * front.shape[0],) + front.shape[1:])
-    comm.all_gather_into(out, front, group, phase)
-    return out.movedim(0, dim).contiguous()
-
-
-def reduce_scatter(x: torch.Tensor, group=None, dim: int = -1, phase: str = ""):
-    """This rank's chunk along ``dim`` of the sum of ``x`` over the group."""
-    _, _, size = comm.resolve(group)
-    if size == 1:
-        return x
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] // size,) + front.shape[1:])
-    comm.reduce_scatter_into(out, front, group, phase)
-    return out.movedim(0, dim).contiguous()
-
-
-def split(x: torch.Tensor, group=None, dim: int = -1):
-    """This rank's chunk of ``x`` along ``dim`` (no communication)."""
-    _, rank, size = comm.resolve(group)
-    if x.shape[dim] % size:
-        raise ValueError(f"dimension {dim} of size {x.shape[dim]} is not divisible by "
-                         f"tensor-parallel size {size}")
-    return x.chunk(size, dim)[rank].contiguous()
-
 
 # ----------------------------------------------------------------------------
 # Megatron's operators
@@ -200,3 +152,51 @@ def reduce_scatter_to_sequence_parallel(x, group=None, dim: int = 1):
 def all_gather_from_sequence_parallel(x, group=None, dim: int = 1):
     """Gather the whole sequence forward; reduce-scatter the gradient backward."""
     return x if _alone(group) else AllGatherFromSequenceParallelRegion.apply(x, group, dim)
+
+
+# ----------------------------------------------------------------------------
+# The collectives the operators run, each returning a new tensor
+# (dim: the one split or joined)
+# ----------------------------------------------------------------------------
+
+def all_reduce(x: torch.Tensor, group=None, phase: str = "", op=dist.ReduceOp.SUM):
+    """The sum (or ``op``) of ``x`` over the group, in a new tensor."""
+    group, _, size = comm.resolve(group)
+    if size == 1:
+        return x
+    out = x.contiguous().clone()
+    with comm.collective("all_reduce", out.numel() * out.element_size(), size, phase,
+                         out.device):
+        dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def all_gather(x: torch.Tensor, group=None, dim: int = -1, phase: str = ""):
+    """Every rank's ``x`` concatenated along ``dim``, in rank order."""
+    _, _, size = comm.resolve(group)
+    if size == 1:
+        return x
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((size * front.shape[0],) + front.shape[1:])
+    comm.all_gather_into(out, front, group, phase)
+    return out.movedim(0, dim).contiguous()
+
+
+def reduce_scatter(x: torch.Tensor, group=None, dim: int = -1, phase: str = ""):
+    """This rank's chunk along ``dim`` of the sum of ``x`` over the group."""
+    _, _, size = comm.resolve(group)
+    if size == 1:
+        return x
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((front.shape[0] // size,) + front.shape[1:])
+    comm.reduce_scatter_into(out, front, group, phase)
+    return out.movedim(0, dim).contiguous()
+
+
+def split(x: torch.Tensor, group=None, dim: int = -1):
+    """This rank's chunk of ``x`` along ``dim`` (no communication)."""
+    _, rank, size = comm.resolve(group)
+    if x.shape[dim] % size:
+        raise ValueError(f"dimension {dim} of size {x.shape[dim]} is not divisible by "
+                         f"tensor-parallel size {size}")
+    return x.chunk(size, dim)[rank].contiguous()

@@ -13,6 +13,8 @@
 * :func:`compare_with_dtensor`: our :class:`ParallelMLP` against torch's
   DTensor tensor parallelism, outputs and time.
 
+Time at real size (one layer of GPT-3 175B, Llama 3, ... in the dry run) is
+:mod:`.emulated`'s :func:`~lecture_lib.tensor_parallel.emulated.time_at_scale`.
 The layers themselves never time anything: the recorders are turned on here.
 """
 from __future__ import annotations
@@ -23,19 +25,31 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, emulate, models
+from ..comm import record_comm
 from ..metrics import saved_tensor_bytes, wall_time
 from ..progress import progress
 from ..runtime import device as rank_device
 from ..runtime import run
-from .comm import count_comm
 from .layers import ParallelMLP
-from .model import (
-    ParallelBlock,
-    TensorParallelGPT,
-    check_tensor_parallel,
-    gather_full,
+from .model import ParallelBlock, TensorParallelGPT, check_tensor_parallel, gather_full
+from .sequence_parallel import (
+    SequenceParallelBlock,
+    SequenceParallelGPT,
     sync_sequence_parallel_grads,
 )
+
+OPTIMIZERS = ("adamw", "sgd")           # what models.make_optimizer builds
+
+
+def split_gpt(gpt: models.GPT, group=None, sequence_parallel: bool = False):
+    """``gpt`` split over ``group``: a :class:`TensorParallelGPT` or, with
+    ``sequence_parallel``, a :class:`SequenceParallelGPT`."""
+    return (SequenceParallelGPT if sequence_parallel else TensorParallelGPT)(gpt, group)
+
+
+def split_block(block: models.Block, group=None, sequence_parallel: bool = False):
+    """``block`` split over ``group`` (:class:`ParallelBlock` or :class:`SequenceParallelBlock`)."""
+    return (SequenceParallelBlock if sequence_parallel else ParallelBlock)(block, group)
 
 
 def _data(cfg: models.GPTConfig, data_seed: int):
@@ -55,7 +69,7 @@ def train_on_rank(cfg: models.GPTConfig, steps: int, batch_size: int = 8, seed: 
                   sequence_parallel: bool = False, group=None) -> models.TrainResult:
     """Inside a rank: build the full GPT from the seed, split it, train; full params back."""
     dev = rank_device()
-    model = TensorParallelGPT(models.GPT(cfg, seed), group, sequence_parallel)
+    model = split_gpt(models.GPT(cfg, seed), group, sequence_parallel)
     opt = models.make_optimizer(model.parameters(), optimizer, lr)
     text, losses = _data(cfg, data_seed), []
     for step in range(steps):
@@ -75,7 +89,8 @@ def train_tensor_parallel(cfg: models.GPTConfig, tp: int, steps: int, batch_size
                           timeout: float = 120) -> models.TrainResult:
     """Train the GPT split over ``tp`` ranks; rank 0's losses and the gathered parameters."""
     check_tensor_parallel(cfg, tp, sequence_parallel)
-    models.make_optimizer([torch.zeros(1, requires_grad=True)], optimizer, lr)  # bad name: now
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {optimizer!r}")
     results = run(train_on_rank, tp, cfg, steps, batch_size, seed, data_seed, lr, optimizer,
                   sequence_parallel, timeout=timeout)
     return results[0]
@@ -86,14 +101,14 @@ def measure_block(cfg: models.GPTConfig, batch_size: int, sequence_parallel: boo
     """Inside a rank: one block's forward and backward, its collectives counted and its
     saved activations measured (bytes autograd keeps, parameters excluded)."""
     dev = rank_device()
-    block = ParallelBlock(models.GPT(cfg, seed).blocks[0], group, sequence_parallel)
+    block = split_block(models.GPT(cfg, seed).blocks[0], group, sequence_parallel)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(batch_size, cfg.seq_len, cfg.d_model, generator=g).to(dev)
     if sequence_parallel:
         rank, tp = comm.group_info(group)
         x = x.chunk(tp, 1)[rank].contiguous()
     x.requires_grad_(True)
-    with count_comm() as counter:
+    with record_comm() as counter:
         with saved_tensor_bytes() as saved:
             y = block(x)
         y.pow(2).sum().backward()
@@ -117,7 +132,7 @@ def measure_step(cfg: models.GPTConfig, batch_size: int, steps: int = 5, warmup:
     times, in_comm, sent, losses = [], [], [], []
     for step in range(warmup + steps):
         x, y = (t.to(dev) for t in text.batch(step, batch_size))
-        with count_comm() as counter, wall_time(dev) as t:
+        with record_comm() as counter, wall_time(dev) as t:
             opt.zero_grad(set_to_none=True)
             loss = model(x, y)
             loss.backward()
