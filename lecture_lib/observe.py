@@ -24,7 +24,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .metrics import now
+from .metrics import now, time_kind
 
 
 @dataclass
@@ -86,16 +86,20 @@ def watch(watcher: Watcher | None = None):
 @contextmanager
 def span(name: str, device=None, synchronize: bool = False, **data):
     """Mark the block as ``name`` for whoever watches (else do nothing). ``synchronize``:
-    wait for queued device work at both ends (a collective's real duration); otherwise read
-    the compute stream as it stands (a phase of a step)."""
+    wait for queued device work at both ends (a collective's real duration on a GPU);
+    otherwise, and always under the emulation, read the compute stream as it stands."""
     if not _WATCHERS:
         yield
         return
-    start = now(device, stream_only=not synchronize)
+    # Under the emulation a watcher only reads the clock: synchronising it would make the
+    # compute stream wait for the collective (changing the step it watches) and would ask
+    # the other ranks to agree on times (a watch on one rank would hang).
+    stream_only = not synchronize or time_kind() != "real"
+    start = now(device, stream_only=stream_only)
     try:
         yield
     finally:
-        end = now(device, stream_only=not synchronize)
+        end = now(device, stream_only=stream_only)
         for watcher in _WATCHERS:
             watcher.spans.append(Span(name, start, end, data))
 

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from .metrics import saved_tensor_bytes, state_bytes, tensor_bytes, wall_time
+from .metrics import saved_tensor_bytes, state_bytes, tensor_bytes
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -164,13 +164,13 @@ def checkpoint_blocks(model: nn.Module, enabled: bool = True) -> nn.Module:
     return model
 
 
-def activation_profile(model: nn.Module, x, y, checkpointing: bool, repeats: int = 3) -> dict:
-    """Activation bytes autograd keeps (saved-tensor hooks), FLOPs and time of a training step.
+def activation_profile(model: nn.Module, x, y, checkpointing: bool) -> dict:
+    """Activation bytes autograd keeps (saved-tensor hooks) and FLOPs of a training step.
 
-    Returns ``activation_bytes`` (saved bytes less the parameters), ``step_flops``
+    Returns ``activation_bytes`` (saved bytes less the parameters) and ``step_flops``
     (FLOPs of one forward + backward, counted by ``torch.utils.flop_counter``, the
-    recomputed forward included) and ``step_seconds`` (the fastest of ``repeats``
-    forward + backward passes, real time).
+    recomputed forward included): counted, not timed (its time at real size:
+    :func:`lecture_lib.zero.emulated.time_at_scale` with ``checkpointing=True``).
     """
     checkpoint_blocks(model, checkpointing)
     try:
@@ -180,14 +180,8 @@ def activation_profile(model: nn.Module, x, y, checkpointing: bool, repeats: int
         model.zero_grad(set_to_none=True)
         with FlopCounterMode(display=False) as counter:
             model(x, y).backward()
-        flops = counter.get_total_flops()
-        times = []
-        for _ in range(repeats):
-            model.zero_grad(set_to_none=True)
-            with wall_time(x.device) as t:
-                model(x, y).backward()
-            times.append(t.seconds)
+        model.zero_grad(set_to_none=True)
     finally:
         checkpoint_blocks(model, False)
-    return {"activation_bytes": saved.activation_bytes(model), "step_flops": flops,
-            "step_seconds": min(times)}
+    return {"activation_bytes": saved.activation_bytes(model),
+            "step_flops": counter.get_total_flops()}

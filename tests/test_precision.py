@@ -76,7 +76,7 @@ def test_checkpointing_keeps_less_and_computes_the_same():
         grads[on] = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(grads[False], grads[True]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    plain, ckpt = ([P.activation_profile(GPT(GPTConfig(n_layers=n)), x, y, on, repeats=1)
+    plain, ckpt = ([P.activation_profile(GPT(GPTConfig(n_layers=n)), x, y, on)
                     ["activation_bytes"] for n in (2, 4)] for on in (False, True))
     per_layer_plain, per_layer_ckpt = (plain[1] - plain[0]) / 2, (ckpt[1] - ckpt[0]) / 2
     b, t, h = x.shape[0], x.shape[1], GPTConfig().d_model
@@ -96,6 +96,6 @@ def test_bad_input():
 def test_checkpointing_counts_one_more_forward():
     """FLOPs counted, not timed: forward 1 + backward 2 + recomputed forward 1 of the blocks."""
     x, y = MarkovText().batch(0, 4)
-    plain, ckpt = (P.activation_profile(GPT(GPTConfig(n_layers=2)), x, y, on, repeats=1)
+    plain, ckpt = (P.activation_profile(GPT(GPTConfig(n_layers=2)), x, y, on)
                    ["step_flops"] for on in (False, True))
     assert 1.1 < ckpt / plain <= 4 / 3, (plain, ckpt)    # embeddings and head are not recomputed

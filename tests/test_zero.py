@@ -14,13 +14,14 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import lecture_lib
-from lecture_lib import emulate, zero
+from lecture_lib import emulate, observe, zero
 from lecture_lib.costmodel import collective_time, model_state_breakdown
 from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
+from lecture_lib.zero import emulated as zemu
 from lecture_lib.zero import experiments as zerox
-from lecture_lib.zero import fsdp_experiments as fsdpx
 
 CFG = GPTConfig(n_layers=2)
 DATA = MarkovText()
@@ -114,9 +115,11 @@ def test_zero1_equals_unsharded_optimizer_step_for_step():
 def _zero3_frees_what_it_gathers():
     model = zero.FullyShardedModel(GPT(CFG), prefetch=False)
     x, y = batches(0)
-    model(x, y).backward()
+    with observe.watch() as seen:
+        model(x, y).backward()
     full = [vars(m).get(n) for m in model.module.modules() for n in m._parameters]
-    return ([p.numel() for p in model.module.parameters()], model.peak_gathered_bytes,
+    return ([p.numel() for p in model.module.parameters()],
+            zerox.peak_gathered_bytes(seen.notes("fsdp")),
             sum(p.numel() for p in model.shard_parameters()), full)
 
 
@@ -166,8 +169,9 @@ def test_unknown_stage_is_refused_before_any_process():
 def test_bad_optimizer_arguments_are_refused():
     with pytest.raises(TypeError, match="optimizer_cls"):
         zero.ShardedOptimizer(GPT(CFG).parameters(), "adamw")
-    with pytest.raises(ValueError, match="gradients must be one of"):
-        zero.ShardedOptimizer(GPT(CFG).parameters(), torch.optim.AdamW, gradients="sum")
+    for old in ("sum", "all_reduce", "reduce_scatter"):
+        with pytest.raises(ValueError, match="gradients must be one of"):
+            zero.ShardedOptimizer(GPT(CFG).parameters(), torch.optim.AdamW, gradients=old)
 
 
 def test_without_a_process_group_it_says_so():
@@ -215,32 +219,126 @@ ROOFLINE = emulate.preset("h100-node", charges="roofline")
 
 
 def _emulated_steps():
-    return fsdpx.measure_step_time_emulated(lambda: GPT(CFG), batches, steps=1, preset=ROOFLINE)
+    return zemu.measure_step_time_emulated(CFG, BATCH // 2, steps=1, preset=ROOFLINE)
 
 
 def test_emulated_step_times_follow_the_alpha_beta_model():
     """Per stage: the comm time is the ring cost of the calls and bytes issued; blocking
-    stages hide nothing; ZeRO-1 adds one all-gather of Psi to DDP; ZeRO-3 prefetching hides."""
+    stages hide nothing; ZeRO-1 sends what DDP sends (a reduce-scatter and an all-gather of
+    Psi are a ring all-reduce); ZeRO-3 prefetching hides."""
     world = 2
     results = lecture_lib.run(_emulated_steps, world, timeout=120)
     link = ROOFLINE.link(range(world))
     out = results[0]
-    for case in zero.fsdp_experiments.STEP_CASES:
+    for case in zemu.STEP_CASES:
         r = out[case]
         formula = sum(r["calls"][k] * collective_time(k, 0, world, link)
                       + collective_time(k, r["bytes"][k], world, link)
                       - collective_time(k, 0, world, link) for k in r["calls"])
         assert abs(r["comm"] - formula) <= 1e-9 * formula, case
         assert all(res[case]["step"] == r["step"] for res in results), case   # symmetric ranks
+        assert abs(r["step"] - (r["compute"] + r["exposed"])) <= 1e-9 * r["step"], case
     for case in ("ddp", "zero1", "zero2"):
         assert abs(out[case]["hidden"]) <= 1e-3 * out[case]["step"], case
     psi = out["ddp"]["bytes"]["all_reduce"]
-    extra = out["zero1"]["comm"] - out["ddp"]["comm"]
-    assert abs(extra - collective_time("all_gather", psi, world, link)) <= 1e-9 * extra
+    assert out["zero1"]["bytes"] == {"reduce_scatter": psi, "all_gather": psi}
+    assert abs(out["zero1"]["comm"] - out["ddp"]["comm"]) <= 1e-9 * out["ddp"]["comm"]
     assert out["zero2"]["calls"]["reduce_scatter"] == len(list(GPT(CFG).parameters()))
     assert out["fsdp"]["hidden"] > 0 and out["fsdp"]["step"] < out["fsdp_no_prefetch"]["step"]
 
 
 def test_unknown_emulated_step_case_is_refused_before_any_process():
     with pytest.raises(ValueError, match="unknown cases"):
-        fsdpx.measure_step_time_emulated(lambda: GPT(CFG), batches, cases=["zero4"])
+        zemu.measure_step_time_emulated(CFG, 4, cases=["zero4"])
+    with pytest.raises(ValueError, match="unknown cases"):
+        zemu.time_at_scale("GPT-2 small", cases=["zero4"])
+    with pytest.raises(ValueError, match="unknown model"):
+        zemu.time_at_scale("GPT-5")
+
+
+# -- the dry run reads the real run's clock; ZeRO at real size --------------------
+
+SMALL = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_layers=2)
+
+
+def _clock(clock) -> dict:
+    return {**clock.summary(), "issued": list(clock.issued)}
+
+
+def _real_and_dry(case):
+    out = {}
+    for dry_run in (False, True):
+        with emulate.emulated("h100-node", dry_run=dry_run) as clock:
+            split = zemu.zero_steps(case, SMALL, 2, steps=2)
+        out[dry_run] = (_clock(clock), split)
+    return out
+
+
+@pytest.mark.parametrize("case", ["ddp", "zero1", "zero2"])
+def test_dry_run_reads_the_real_runs_clock(case):
+    for rank in lecture_lib.run(_real_and_dry, 2, case, timeout=120):
+        (real, real_split), (dry, dry_split) = rank[False], rank[True]
+        assert real["now"] > 0 and real["comm_bytes"] > 0
+        assert dry == real                    # now, totals, bytes, spans, issue times
+        assert dry_split == real_split
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the operations that would launch a kernel (not views, detaches, allocations)
+    outside the wrapped optimizer's own step."""
+    FREE = ("detach", "empty", "new_empty", "alias", "lift_fresh")
+
+    def __init__(self):
+        super().__init__()
+        self.outside, self.inside = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (self.inside or func.is_view or func.__name__.split(".")[0] in self.FREE):
+            self.outside.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _zero1_own_operations(layers):
+    model = GPT(GPTConfig(n_layers=layers))
+    opt = zero.ShardedOptimizer(model.parameters(), torch.optim.AdamW, gradients="local", lr=0.1)
+    model(*batches(0)).backward()
+    inner_step, ops = opt.inner.step, _Ops()
+
+    def counted(*args, **kwargs):
+        ops.inside = True
+        try:
+            return inner_step(*args, **kwargs)
+        finally:
+            ops.inside = False
+    opt.inner.step = counted
+    with ops:
+        opt.step()
+    return ops.outside, len(list(model.parameters()))
+
+
+def _zero1_own_operations_at_two_depths():
+    return [_zero1_own_operations(layers) for layers in (2, 4)]
+
+
+def test_zero1_step_launches_the_same_kernels_whatever_the_parameter_count():
+    # the reduce-scatter's input packed and the all-gather's output unpacked in one
+    # operation each (torch._chunk_cat, split_with_sizes_copy, as FSDP2 does), not one copy
+    # per parameter tensor: at 2 and at 4 layers, the same operations around the inner step
+    for rank in lecture_lib.run(_zero1_own_operations_at_two_depths, 2, timeout=60):
+        (ops2, tensors2), (ops4, tensors4) = rank
+        assert tensors4 > tensors2 and ops4 == ops2 and len(ops2) < 12, (ops2, ops4)
+
+
+def test_zero_at_real_size_in_the_dry_run():
+    # GPT-2 medium's shape, one layer, 2 ranks: ZeRO-1 sends 2 Psi (as DDP), FSDP 3 Psi; the
+    # optimizer's state is sharded; nothing computed
+    out = zemu.time_at_scale("GPT-2 medium", ("ddp", "zero1", "fsdp"), world_size=2,
+                             batch_per_rank=1, steps=1, n_layers=1, timeout=120)
+    psi = 4 * out["params"]
+    cases = out["cases"]
+    assert cases["ddp"]["bytes"] == {"all_reduce": psi}
+    assert cases["zero1"]["bytes"] == {"reduce_scatter": psi, "all_gather": psi}
+    fsdp = cases["fsdp"]["bytes"]
+    assert fsdp["all_gather"] + fsdp["reduce_scatter"] == pytest.approx(3 * psi, rel=1e-3)
+    assert cases["zero1"]["held"]["optimizer"] < 0.51 * cases["ddp"]["held"]["optimizer"]
+    assert all(0 < c["step"] < 1 for c in cases.values())

@@ -51,6 +51,7 @@ ANSWERS: dict[str, Answer] = {
     "ex02": Answer("bucketed, overlapped data parallelism", _DDP),
     "ex03": Answer("ZeRO-1's sharded optimizer", (
         "lecture_lib.zero.sharded_optimizer:ShardedOptimizer",
+        "lecture_lib.zero.sharded_optimizer:ShardedGradientOptimizer",
         "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer")),
     "ex04": Answer("the bytes a device holds", tuple(f"lecture_lib.costmodel.memory:{n}" for n in (
         "memory_per_device", "model_state_breakdown", "model_state_bytes",

@@ -1,6 +1,8 @@
 """What the notebooks run to measure ZeRO: training loops, bytes held, FSDP2 side by side.
 
-:func:`shard_model` is the one entry point for stage 1, 2 or 3;
+:func:`shard_model` is the one entry point for stage 1, 2 or 3; :func:`build` makes every
+case the measurements compare (:data:`CASES`: DDP, ZeRO-1, ZeRO-2 and FSDP's variants) and
+:func:`one_step` runs one step of any of them;
 :func:`train_sharded` trains a model with it on this rank's share of each
 batch, comparable with :func:`lecture_lib.models.train_reference`;
 :func:`held_bytes` counts what a rank really holds; :func:`fsdp2_side_by_side`
@@ -8,22 +10,69 @@ runs our ZeRO-3 and torch's FSDP2 (Zhao et al. 2023) on the same model and data.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from .. import observe
 from ..comm import group_info
 from ..costmodel.memory import check_zero_stage
+from ..data_parallel import DDPFlat
 from ..metrics import state_bytes, tensor_bytes, wall_time
 from ..models import TrainResult, make_optimizer, shard
 from ..precision import LossScaler
 from ..runtime import device
 from .fsdp import FullyShardedModel
 from .fsdp_api import fsdp_gather_full_params, fsdp_on_after_backward
-from .sharded_optimizer import ShardedOptimizer
-from .units import resolve_units
+from .sharded_optimizer import ShardedGradientOptimizer, ShardedOptimizer
+from .wrap import resolve_units
+
+#: Every case the measurements compare: plain data parallelism (one all-reduce after backward),
+#: ZeRO-1 and ZeRO-2, and FSDP (ZeRO-3) with its options (default: prefetch, reshard after forward).
+CASES = {"ddp": None, "zero1": None, "zero2": None, "fsdp": {},
+         "fsdp_no_prefetch": {"prefetch": False},
+         "fsdp_keep": {"reshard_after_forward": False},
+         "fsdp_keep_no_prefetch": {"reshard_after_forward": False, "prefetch": False},
+         "fsdp_bf16": {"compute_dtype": torch.bfloat16}}
+_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+
+
+def check_cases(cases) -> list[str]:
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; known: {list(CASES)}")
+    return list(cases)
+
+
+def build(case: str, model: nn.Module, group=None, optimizer: str = "sgd", lr: float = 1e-2):
+    """``(wrapped model, optimizer)`` of one of :data:`CASES`."""
+    check_cases([case])
+    if case == "ddp":
+        return DDPFlat(model, group), make_optimizer(model.parameters(), optimizer, lr)
+    if case in ("zero1", "zero2"):
+        return shard_model(model, int(case[-1]), _OPTIMIZERS[optimizer], group, lr=lr)
+    model = FullyShardedModel(model, group=group, **CASES[case])
+    return model, make_optimizer(model.parameters(), optimizer, lr)
+
+
+def one_step(model, opt, x, y) -> torch.Tensor:
+    """One training step of any case; the loss (not read: a dry run has no values).
+
+    Tells a watcher when backward begins (``observe.note("step", phase="backward")``)."""
+    opt.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    observe.note("step", phase="backward")
+    loss.backward()
+    if isinstance(model, FullyShardedModel):
+        fsdp_on_after_backward(model, opt)
+    elif isinstance(model, DDPFlat):
+        model.finish_gradient_synchronization()
+    opt.step()
+    return loss.detach()
 
 
 def shard_model(model: nn.Module, stage: int, optimizer_cls=torch.optim.AdamW, group=None,
@@ -36,9 +85,11 @@ def shard_model(model: nn.Module, stage: int, optimizer_cls=torch.optim.AdamW, g
     if stage == 3:
         sharded = FullyShardedModel(model, group=group)
         return sharded, optimizer_cls(sharded.parameters(), **kwargs)
-    mode = "all_reduce" if stage == 1 else "reduce_scatter"
+    if stage == 2:
+        return model, ShardedGradientOptimizer(model.parameters(), optimizer_cls, group=group,
+                                               **kwargs)
     return model, ShardedOptimizer(model.parameters(), optimizer_cls, group=group,
-                                   gradients=mode, **kwargs)
+                                   gradients="local", **kwargs)
 
 
 def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -49,9 +100,22 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     added (ZeRO-1's shards are views of the parameters, not counted twice).
     """
     held = state_bytes(model, optimizer)
-    if isinstance(optimizer, ShardedOptimizer):
-        held["grads"] += optimizer.shard_grad_bytes()
+    if isinstance(optimizer, ShardedGradientOptimizer):     # kept from backward to zero_grad
+        held["grads"] += tensor_bytes(shard.grad for shard in optimizer.shards.values())
     return held
+
+
+def peak_gathered_bytes(notes) -> int:
+    """The most full-weight bytes FSDP held at once, replayed from what its units told a
+    watcher (``seen.notes("fsdp")``: a unit's ``"full"`` adds its bytes, ``"free"`` drops them)."""
+    held, peak = {}, 0
+    for note in notes:
+        if note["event"] == "full":
+            held[note["unit"]] = note["nbytes"]
+            peak = max(peak, sum(held.values()))
+        elif note["event"] == "free":
+            held.pop(note["unit"], None)
+    return peak
 
 
 def data_parallel_steps(model, opt, batches, steps: int, held_fn=None, group=None,
@@ -59,14 +123,17 @@ def data_parallel_steps(model, opt, batches, steps: int, held_fn=None, group=Non
     """The loop ZeRO, FSDP and FSDP2 all run: this rank's slice, global mean loss, timing.
 
     With a ``scaler`` (fp16), the loss is scaled, the gradients unscaled and the
-    step skipped on every rank when any rank saw an overflow.
+    step skipped on every rank when any rank saw an overflow. Returns the losses, each
+    step's seconds, ``held_fn()`` after the last step and the peak of full weights FSDP
+    gathered in the last step (:func:`peak_gathered_bytes`; 0 for another model).
     """
     rank, world = group_info(group, required=True)
     dev = device()
     losses, seconds, held = [], [], None
     for step in range(steps):
         x, y = (t.to(dev) for t in shard(batches(step), rank, world))
-        with wall_time(dev) as t:
+        last = step == steps - 1
+        with wall_time(dev) as t, (observe.watch() if last else nullcontext()) as seen:
             opt.zero_grad(set_to_none=True)
             loss = model(x, y)
             (loss.float() * (scaler.scale if scaler else 1.0)).backward()
@@ -78,9 +145,10 @@ def data_parallel_steps(model, opt, batches, steps: int, held_fn=None, group=Non
         total = loss.detach().float().clone()
         dist.all_reduce(total, group=group)
         losses.append(total.item() / world)
-        if step == steps - 1 and held_fn is not None:
+        if last and held_fn is not None:
             held = held_fn()
-    return losses, seconds, held
+    peak = peak_gathered_bytes(seen.notes("fsdp")) if steps else 0
+    return losses, seconds, held, peak
 
 
 def _all_finite(scaler: LossScaler, model, group) -> bool:
@@ -105,14 +173,14 @@ def train_sharded(model: nn.Module, stage: int, batches, steps: int, lr: float =
     group_info(group, required=True)
     model, opt = shard_model(model.to(device()), stage, torch.optim.AdamW, group=group, lr=lr,
                              weight_decay=0.01)
-    losses, seconds, held = data_parallel_steps(model, opt, batches, steps,
-                                                lambda: held_bytes(model, opt), group)
+    losses, seconds, held, peak = data_parallel_steps(model, opt, batches, steps,
+                                                      lambda: held_bytes(model, opt), group)
     if isinstance(model, FullyShardedModel):
         params = fsdp_gather_full_params(model)
     else:
-        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        params, peak = {k: v.detach().clone() for k, v in model.named_parameters()}, None
     return {"result": TrainResult(losses, params), "held": held, "step_seconds": seconds,
-            "peak_gathered_bytes": getattr(model, "peak_gathered_bytes", None)}
+            "peak_gathered_bytes": peak}
 
 
 def train_fsdp(make_model, batches, steps: int, lr: float = 1e-2, optimizer: str = "adamw",
@@ -126,10 +194,11 @@ def train_fsdp(make_model, batches, steps: int, lr: float = 1e-2, optimizer: str
     model = FullyShardedModel(make_model().to(device()), group=group, **fsdp_kwargs)
     opt = make_optimizer(model.parameters(), optimizer, lr)
     scaler = LossScaler("fp16") if model.compute_dtype == torch.float16 else None
-    losses, seconds, held = data_parallel_steps(model, opt, batches, steps,
-                                                lambda: held_bytes(model, opt), group, scaler)
+    losses, seconds, held, peak = data_parallel_steps(model, opt, batches, steps,
+                                                      lambda: held_bytes(model, opt), group,
+                                                      scaler)
     return {"result": TrainResult(losses, fsdp_gather_full_params(model)), "held": held,
-            "step_seconds": seconds, "peak_gathered_bytes": model.peak_gathered_bytes,
+            "step_seconds": seconds, "peak_gathered_bytes": peak,
             "skipped": scaler.skipped if scaler else 0}
 
 
@@ -158,7 +227,7 @@ def train_fsdp2(make_model, batches, steps: int, lr: float = 1e-2, optimizer: st
                 "optimizer": tensor_bytes(_local(v) for s in opt.state.values()
                                           for v in s.values() if isinstance(v, torch.Tensor))}
 
-    losses, seconds, held_now = data_parallel_steps(model, opt, batches, steps, held, group)
+    losses, seconds, held_now, _ = data_parallel_steps(model, opt, batches, steps, held, group)
     full = {n: _local(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for n, p in model.named_parameters()}
     return {"result": TrainResult(losses, full), "held": held_now, "step_seconds": seconds}

@@ -8,10 +8,10 @@
 * :func:`measure_fsdp_memory`: the full-weight bytes held at the peak, with and
   without ``reshard_after_forward``.
 * :func:`fsdp_timeline`: one rank's spans of compute, all-gathers in flight and
-  time blocked waiting, with prefetching on or off, read off the model's
-  events against the rank's ``timer`` (a :class:`lecture_lib.metrics.Timer`:
-  real time here; any timer with ``t0`` and, optionally, ``now()`` will do, so
-  an emulated clock can replace it).
+  time blocked waiting, with prefetching on or off, read off what the units tell a
+  watcher (``observe.note("fsdp", ...)``), each note stamped on the rank's ``timer``
+  (a :class:`lecture_lib.metrics.Timer`: real time here, emulated time under the
+  emulation).
 * :func:`fsdp_timeline_emulated`: the same experiment in the virtual time of
   an accelerator cluster (:func:`lecture_lib.emulate.emulated`, e.g. H100s on
   NVLink), where the compute is fast enough for the all-gathers to matter and
@@ -19,57 +19,27 @@
   waiting, every collective on the wire) and ``hidden``, the time a collective is on
   the wire while the compute stream is busy (all-gathers and reduce-scatters alike;
   ``hidden_gathers`` the all-gathers' part): the step is compute + communication - hidden.
-* :func:`measure_step_time_emulated`: one step of plain data parallelism
-  (one all-reduce after backward), ZeRO-1, ZeRO-2 and ZeRO-3 in emulated time,
-  split into compute, communication and the part of it hidden behind compute,
-  with the calls and bytes of every kind of collective the rank issued.
+
+Every stage's step time, small or at real size: :mod:`.emulated`.
 """
 from __future__ import annotations
 
-import time
-
-import torch
-
-from .. import data_parallel, emulate
+from .. import emulate, observe
 from ..comm import group_info, record_comm
 from ..metrics import Timer
 from ..models import make_optimizer, shard
-from ..precision import LossScaler
 from ..runtime import device
-from .experiments import shard_model
+from .emulated import (
+    StampedNotes,
+    event_spans,
+    fsdp_events,
+    overlapped_seconds,
+    step_streams,
+)
+from .experiments import build, one_step, peak_gathered_bytes
 from .fsdp import FullyShardedModel
-from .fsdp_api import fsdp_on_after_backward
 
 VOLUME_CASES = ("zero1", "zero2", "fsdp", "fsdp_keep", "fsdp_bf16")
-STEP_CASES = ("ddp", "zero1", "zero2", "fsdp", "fsdp_no_prefetch")
-_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
-
-
-def _build(case: str, make_model, group, optimizer: str = "sgd"):
-    model = make_model().to(device())
-    if case == "ddp":                      # plain data parallelism: one all-reduce after backward
-        return data_parallel.DDPFlat(model, group), make_optimizer(model.parameters(),
-                                                                   optimizer, 1e-2)
-    if case in ("zero1", "zero2"):
-        return shard_model(model, 1 if case == "zero1" else 2, _OPTIMIZERS[optimizer], group,
-                           lr=1e-2)
-    kwargs = {"fsdp_keep": {"reshard_after_forward": False},
-              "fsdp_bf16": {"compute_dtype": torch.bfloat16},
-              "fsdp_no_prefetch": {"prefetch": False}}.get(case, {})
-    model = FullyShardedModel(model, group=group, **kwargs)
-    return model, make_optimizer(model.parameters(), optimizer, 1e-2)
-
-
-def _one_step(model, opt, x, y, scaler: LossScaler | None = None) -> torch.Tensor:
-    opt.zero_grad(set_to_none=True)
-    loss = model(x, y)
-    (loss.float() * (scaler.scale if scaler else 1.0)).backward()
-    if isinstance(model, FullyShardedModel):
-        fsdp_on_after_backward(model, opt)
-    elif isinstance(model, data_parallel.DDPFlat):
-        model.finish_gradient_synchronization()
-    opt.step()
-    return loss.detach()
 
 
 def measure_comm_volume(make_model, batches, cases=VOLUME_CASES, group=None) -> dict:
@@ -84,9 +54,9 @@ def measure_comm_volume(make_model, batches, cases=VOLUME_CASES, group=None) -> 
     psi = sum(p.numel() * p.element_size() for p in make_model().parameters())
     out = {"Psi": psi, "world_size": world}
     for case in cases:
-        model, opt = _build(case, make_model, group)
+        model, opt = build(case, make_model().to(device()), group)
         with record_comm() as log:
-            _one_step(model, opt, x, y)
+            one_step(model, opt, x, y)
         sent = log.sent_bytes()
         out[case] = {"sent": sent, "psi": sent / psi / ((world - 1) / world),
                      "summary": log.summary()}
@@ -102,62 +72,12 @@ def measure_fsdp_memory(make_model, batches, group=None) -> dict:
         model = FullyShardedModel(make_model().to(device()), group=group,
                                   reshard_after_forward=reshard)
         opt = make_optimizer(model.parameters(), "sgd", 1e-2)
-        with record_comm() as log:
-            _one_step(model, opt, x, y)
-        out[reshard] = {"peak_gathered_bytes": model.peak_gathered_bytes,
+        with observe.watch() as seen, record_comm() as log:
+            one_step(model, opt, x, y)
+        out[reshard] = {"peak_gathered_bytes": peak_gathered_bytes(seen.notes("fsdp")),
                         "sent": log.sent_bytes(),
                         "gathers": log.calls(kind="all_gather")}
     return out
-
-
-class _Stamped(list):
-    """The model's event list, each event stamped with the timer's clock."""
-
-    def __init__(self, timer):
-        super().__init__()
-        self.timer = timer
-
-    def now(self) -> float:
-        clock = getattr(self.timer, "now", None)
-        return clock() if clock is not None else time.perf_counter() - self.timer.t0
-
-    def append(self, event) -> None:
-        super().append((*event, self.now()))
-
-
-def event_spans(events) -> list[tuple[str, str, str, float, float]]:
-    """``[(kind, unit, phase, start, end)]``: kind compute, in flight or blocked."""
-    spans, opened = [], {}
-    for what, unit, phase, t in events:
-        key = (unit, phase)
-        if what == "gather":
-            opened[("flight",) + key] = t
-        elif what == "wait":
-            opened[("blocked",) + key] = t
-        elif what == "full":
-            for kind, name in (("flight", "in flight"), ("blocked", "blocked")):
-                start = opened.pop((kind,) + key, None)
-                if start is not None:
-                    spans.append((name, unit, phase, start, t))
-        elif what == "compute":
-            opened[("compute",) + key] = t
-        elif what in ("done", "reduce_scatter", "free"):
-            start = opened.pop(("compute",) + key, None)
-            if start is not None:
-                spans.append(("compute", unit, phase, start, t))
-    return spans
-
-
-def overlapped_seconds(spans) -> float:
-    """Seconds during which an all-gather was in flight while another unit computed."""
-    total = 0.0
-    for kind, unit, _, a, b in spans:
-        if kind != "in flight":
-            continue
-        for kind2, unit2, _, c, d in spans:
-            if kind2 == "compute" and unit2 != unit:
-                total += max(0.0, min(b, d) - max(a, c))
-    return total
 
 
 def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=None,
@@ -176,13 +96,12 @@ def fsdp_timeline(make_model, batches, steps: int, prefetch: bool, timer, group=
     seconds, losses = [], []
     for step in range(steps):
         x, y = (t.to(device()) for t in shard(batches(step), rank, world))
-        model.events = _Stamped(timer)
-        with timer("step"):
-            loss = _one_step(model, opt, x, y)
+        seen = observe.Watcher(facts=StampedNotes(timer.now))
+        with observe.watch(seen), timer("step"):
+            loss = one_step(model, opt, x, y)
         losses.append(loss.item())
         seconds.append(timer.spans[-1][2] - timer.spans[-1][1])
-    events = list(model.events)
-    model.events = None
+    events = fsdp_events(seen.facts)
     spans = event_spans(events)
     for kind, unit, phase, a, b in spans:
         timer.spans.append((f"{kind} {unit} {phase}", a, b))
@@ -222,58 +141,11 @@ def fsdp_timeline_emulated(make_model, batches, steps: int, prefetch: bool,
         out = fsdp_timeline(make_model, batches, steps, prefetch, timer, group, **fsdp_kwargs)
         clock.resolve()
     start = timer.t0_emulated + out["step_start"]
-    end = start + out["step_seconds"][-1]
-    inside = [(kind, max(a, start) - start, min(b, end) - start, text)
-              for kind, a, b, text in clock.spans if b > start and a < end]
-    compute = [(a, b) for kind, a, b, _ in inside if kind not in ("comm", "idle")]
-    wire = [(text, a, b) for kind, a, b, text in inside if kind == "comm"]
+    streams = step_streams(clock, start, start + out["step_seconds"][-1])
+    wire, compute = streams["wire"], streams["compute"]
     gathers = [(a, b) for text, a, b in wire if text == "all_gather"]
-    out.update(compute=compute, idle=[(a, b) for kind, a, b, _ in inside if kind == "idle"],
-               wire=wire,
+    out.update(streams,
                hidden=sum(b - a for a, b in both_busy([(a, b) for _, a, b in wire], compute)),
                hidden_gathers=sum(b - a for a, b in both_busy(gathers, compute)),
                time_kind=timer.time_kind)
-    return out
-
-
-def _emulated_step(case, make_model, batches, steps, preset, group, rank, world) -> dict:
-    """The last of ``steps`` emulated steps of ``case`` (AdamW): its split and collectives."""
-    with emulate.emulated(preset) as clock:
-        model, opt = _build(case, make_model, group, "adamw")
-        for step in range(steps):
-            x, y = (t.to(device()) for t in shard(batches(step), rank, world))
-            start, totals = clock.synchronize(), dict(clock.totals)
-            calls, sent = dict(clock.calls_by_kind), dict(clock.bytes_by_kind)
-            _one_step(model, opt, x, y)
-            end = clock.synchronize()
-    delta = {k: v - totals.get(k, 0.0) for k, v in clock.totals.items()}
-    compute = sum(v for k, v in delta.items() if k not in ("comm", "idle"))
-    comm = delta.get("comm", 0.0)
-    return {"step": end - start, "compute": compute, "comm": comm,
-            "hidden": compute + comm - (end - start),
-            "calls": {k: v - calls.get(k, 0) for k, v in clock.calls_by_kind.items()
-                      if v > calls.get(k, 0)},
-            "bytes": {k: v - sent.get(k, 0) for k, v in clock.bytes_by_kind.items()
-                      if v > sent.get(k, 0)}}
-
-
-def measure_step_time_emulated(make_model, batches, cases=STEP_CASES, steps: int = 2,
-                               preset="h100-node", group=None) -> dict:
-    """Rank function: ``{case: split}`` of each case's last step, in emulated seconds.
-
-    Cases: ``"ddp"`` (plain data parallelism, one all-reduce after backward),
-    ``"zero1"``, ``"zero2"``, ``"fsdp"`` (ZeRO-3, prefetching) and
-    ``"fsdp_no_prefetch"``, all with AdamW. A split has ``step``, ``compute``
-    (every operation charged, forward, backward and optimizer), ``comm`` (the
-    collectives' time on the communication stream), ``hidden`` (compute + comm -
-    step: communication that ran while the rank computed) and the ``calls`` and
-    ``bytes`` (full buffers) of each kind of collective. Also ``"world_size"``.
-    """
-    unknown = [c for c in cases if c not in STEP_CASES]
-    if unknown:
-        raise ValueError(f"unknown cases {unknown}; known: {STEP_CASES}")
-    rank, world = group_info(group, required=True)
-    out = {"world_size": world}
-    for case in cases:
-        out[case] = _emulated_step(case, make_model, batches, steps, preset, group, rank, world)
     return out
