@@ -4,13 +4,15 @@
 # and
 #   make render        the headless variant of `make course`: every notebook executed and written,
 #                      with its plots, to build/notebooks/ (one: NOTEBOOKS=notebooks/00_welcome.ipynb)
+#   make book          the course as a web book, build/book/index.html (offline; from the notebooks
+#                      `make test` executed, kept in build/executed; the others are executed first)
 #   make help          this list
 # In the instructor's checkout (the folder with solutions/) only:
 #   make test          = ruff, the tests only the checkout can run (INSTRUCTOR_TESTS), then
 #                        `make release-test`
 #   make release-test  write the student release into build/release and run its own `make test`
 #                      there, with this .venv (nothing reinstalled) and the release's lecture_lib
-#   make test-browser  the course in a real browser (needs Chromium; see README; not in `make test`)
+#   make test-browser  the course and the book in a real browser (needs Chromium; builds the book)
 #   make exercises     regenerate exercises/ from solutions/
 #   make test-extended every exercise's wrong-but-plausible submissions graded (minutes)
 
@@ -36,7 +38,8 @@ INSTRUCTOR_TESTS := $(wildcard tests/test_grading*.py tests/test_gradescope.py t
 # In a release, an exercise's tests are skipped (saying so) while its file is the unwritten stub.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p lecture_lib.grading.release
 
-.PHONY: help setup course render test test-extended release-test test-browser clean-notebooks exercises
+.PHONY: help setup course render book test test-extended release-test test-browser clean-notebooks \
+	exercises
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
@@ -58,6 +61,14 @@ course: $(SETUP)
 render: $(SETUP)
 	$(PY) tools/render_notebooks.py --output-dir build/notebooks \
 		--notebook-timeout $(NOTEBOOK_TIMEOUT) $(NOTEBOOKS)
+
+# Sphinx with MyST-NB and the book theme (pip install -e ".[book]"): tools/book.py.
+book: $(VENV)/.book
+	$(PY) tools/book.py --jobs $(JOBS)
+
+$(VENV)/.book: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[dev,book]"
+	touch $@
 
 # pytest -n JOBS on $(1); on a CPU with native bf16 (AVX512-BF16, AMX), which runs other oneDNN
 # kernels, the 16-bit tests among them again on the older ones.
@@ -88,11 +99,12 @@ test-extended: $(SETUP)
 release-test:
 	rm -rf $(RELEASE_DIR)
 	$(PY) -m lecture_lib.grading release $(RELEASE_DIR)
-	cd $(RELEASE_DIR) && $(MAKE) --no-print-directory test VENV=$(abspath $(VENV)) SETUP=
+	cd $(RELEASE_DIR) && LECTURE_EXECUTED_DIR=$(abspath build/executed) \
+		$(MAKE) --no-print-directory test VENV=$(abspath $(VENV)) SETUP=
 
 # JupyterLab in headless Chromium (Debian's `chromium` package; Playwright from pip): notebooks
 # 00 and 03 run from the UI; screenshots in build/browser/. Skips, saying so, without Chromium.
-test-browser: $(VENV)/.browser
+test-browser: $(VENV)/.browser book
 	OMP_NUM_THREADS=1 $(PY) -m pytest -v -s -rs tests/browser
 
 $(VENV)/.browser: $(VENV)/.installed

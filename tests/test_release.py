@@ -53,11 +53,12 @@ def test_the_release_holds_the_course_and_not_the_answers(built):
     for gone in ("CONTRIBUTING.md", "tests/test_grading.py", "tests/test_grading_tamper.py",
                  "tests/tamper_routes.py", "tests/test_release.py", "tools/repro_widget_stall.py"):
         assert gone not in files
-    for needed in ("README.md", "Makefile", "pyproject.toml", "environment.yml",
-                   "tools/course.py", "tools/render_notebooks.py", "tests/conftest.py"):
+    for needed in ("README.md", "Makefile", "pyproject.toml", "environment.yml", "conftest.py",
+                   "tools/course.py", "tools/render_notebooks.py", "tools/book.py",
+                   "tests/conftest.py", "book/conf.py", "book/index.md", "book/glossary.md"):
         assert needed in files, needed
     assert sorted(f for f in files if f.startswith("tools/")) == [
-        "tools/course.py", "tools/render_notebooks.py"]
+        "tools/book.py", "tools/course.py", "tools/render_notebooks.py"]
 
     def pack(folder, pattern):
         return {str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob(pattern)
@@ -67,8 +68,9 @@ def test_the_release_holds_the_course_and_not_the_answers(built):
     assert pack("notebooks", "*.ipynb") <= released
     assert pack("exercises", "ex*.py") | pack("tests/exercises", "test_ex*.py") <= released
     assert pack("examples", "*.py") <= released
-    # the tests left out are exactly those SKIP_TESTS names (and tests/browser/)
-    left = {f for f in pack("tests", "*.py") - released if not f.startswith("tests/browser/")}
+    # the tests left out are exactly those SKIP_TESTS names (and tests/browser/, tests/shortcuts/)
+    left = {f for f in pack("tests", "*.py") - released
+            if not f.startswith(("tests/browser/", "tests/shortcuts/"))}   # instructor-only folders
     assert left and all(any(Path(f).match(p) for p in rel.SKIP_TESTS) for f in left), left
 
 

@@ -84,7 +84,7 @@ def bwrap_args(scratch: str | Path) -> list[str]:
     """bubblewrap's options: everything read-only but ``scratch``; private /tmp, /dev, /proc;
     new user, pid, IPC and UTS namespaces; no capabilities; killed with its parent."""
     scratch = str(scratch)
-    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", scratch, scratch, "--unshare-user", "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--chdir", scratch]

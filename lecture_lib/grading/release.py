@@ -33,10 +33,10 @@ from pathlib import Path
 from .stubs import EXERCISES, ROOT, SOLUTIONS, exercise_id, stale
 
 #: Copied as they are (README.md is written: see :func:`student_readme`).
-FILES = ("pyproject.toml", "Makefile", "environment.yml", ".gitignore")
-FOLDERS = ("lecture_lib", "notebooks", "exercises", "examples", "tests", "tools")
-#: From tools/, what the Makefile runs: ``make course`` and ``make render``.
-TOOLS = ("course.py", "render_notebooks.py")
+FILES = ("pyproject.toml", "Makefile", "environment.yml", ".gitignore", "conftest.py")
+FOLDERS = ("lecture_lib", "notebooks", "exercises", "examples", "tests", "tools", "book")
+#: From tools/, what the Makefile runs: ``make course``, ``make render`` and ``make book``.
+TOOLS = ("course.py", "render_notebooks.py", "book.py")
 SKIP_NAMES = ("__pycache__", ".ipynb_checkpoints", ".pytest_cache", "*.pyc", "*.egg-info")
 #: The tests only the instructor's checkout can run: the grader's (they grade the solutions,
 #: and show how to defeat a naive grader), the Gradescope recipe's and the release's own (they

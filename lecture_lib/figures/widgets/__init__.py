@@ -17,6 +17,7 @@ an ``HTML`` widget, not into an ``Output`` widget. Two reasons:
 """
 from __future__ import annotations
 
+import base64
 import html
 import io
 
@@ -34,6 +35,21 @@ def figure_png(fig) -> bytes:
 
 def _pre(text: str) -> str:
     return f"<pre style='margin:0; font-size:12px'>{html.escape(text)}</pre>" if text else ""
+
+
+class Explorer(w.VBox):
+    """An explorer's panel. Displayed, it offers its current figure and text as a static
+    snapshot beside the live widget: JupyterLab shows the widget, and a page rendered
+    without a widget manager (the web book) shows the snapshot."""
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        *_, text, image = self.children
+        if image.value and image.layout.display != "none":
+            bundle["image/png"] = base64.b64encode(image.value).decode()
+        if text.value:
+            bundle["text/html"] = text.value
+        return bundle
 
 
 def explorer(controls: dict, render, rows=None):
@@ -68,7 +84,7 @@ def explorer(controls: dict, render, rows=None):
     for control in controls.values():
         control.observe(update, names="value")
     update()
-    panel = w.VBox([*(rows or [w.HBox(list(controls.values()))]), text, image])
+    panel = Explorer([*(rows or [w.HBox(list(controls.values()))]), text, image])
     panel.add_class("lecture-explorer")
     panel.controls, panel.update, panel.state = controls, update, state
     panel.image, panel.text = image, text
