@@ -12,7 +12,11 @@ A linear layer computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
   partial results), the identity backward. The bias is added once, after g.
 
 Build each layer from a full ``nn.Linear`` (its shard as new ``nn.Parameter`` tensors on this
-rank, ``self.weight`` and ``self.bias``: the tests read their gradients), and f and g as
+rank, ``self.weight`` and ``self.bias``: the tests read their gradients, and check that the layer
+keeps nothing more: no copy or view of the full weight, which is what tensor parallelism saves),
+and compute from the shard alone: ``ColumnParallelLinear``'s forward runs no collective at all,
+``RowParallelLinear``'s one all-reduce (g), and the backwards the reverse (the tests count every
+``torch.distributed`` call). Write f and g as
 ``torch.autograd.Function`` classes, ``forward(ctx, x)`` and ``backward(ctx, grad)``, on the
 default process group. f and g must leave alone the tensors autograd hands them (``x`` in
 forward, ``grad`` in backward): autograd may still need them. The tests use f and g on their

@@ -19,6 +19,10 @@ needs). Write ``exchange(sends, recvs, group)``:
   could deadlock a schedule in which the receiver first needs something else.
 * with nothing to send or receive, return ``[]`` without calling torch.
 
+The tests record, on each rank, the messages ``exchange`` posts and the requests
+it waits for, in order: every message posted before the first wait, a wait on
+each receive, none on a send.
+
 Every rank of :class:`lecture_lib.pipeline.PipelineExecutor` calls it before
 each action (``PipelineExecutor(..., exchange=exchange)``); the tests train
 the GPT through the pipeline with yours and compare with one process.

@@ -19,8 +19,13 @@ Rules and hints:
 * Counts vary from rank to rank and batch to batch, so the token all-to-all
   needs per-rank split sizes, and a rank cannot know how many rows it will
   receive until the others tell it: exchange the counts first, with
-  ``dist.all_to_all_single`` on a small tensor of counts (a ``(p, E/p)``
-  table: row ``s`` says how many tokens go to each expert of rank ``s``).
+  ``dist.all_to_all_single`` on a small tensor of counts: an int64 ``(p, E/p)``
+  table (``torch.bincount``'s dtype), row ``s`` saying how many tokens go to
+  each expert of rank ``s``; the table you receive has, in row ``s``, what
+  rank ``s`` sends to each of your experts. (Another dtype, or an all-gather
+  of every rank's ``(E,)`` counts, works as well and scores the same: the
+  tests measure the tokens, and let a count table of at most ``p x E``
+  numbers travel besides.)
 * Move the tokens with ``lecture_lib.expert_parallel.all_to_all(x, send_splits,
   recv_splits, group)``: ``all_to_all_single`` on dim 0 with split sizes,
   written as an autograd Function so the gradient travels back through it

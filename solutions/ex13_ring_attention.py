@@ -29,10 +29,15 @@ combined *exactly*, and that is what the online softmax does.
    for the exchange before you hand the received block back. The tests check
    that order (an exchange posted after the compute, or waited for before it,
    does not overlap anything). Return ``(new_state, received_kv)``. Use ranks of
-   the default group.
+   the default group. With one rank (``world_size == 1``) there is no ring:
+   send and receive nothing (a rank cannot message itself), attend to the held
+   block and return ``(new_state, kv)``, the block itself.
 
 ``ring_attention`` below runs ``world_size`` steps with your two functions (no
-causal mask) and returns the attention output of this rank's queries.
+causal mask) and returns the attention output of this rank's queries. Leave it
+going through the ring: the tests check that each rank attends to one block at
+a time (``block_attention`` once per step), receives one block per step by
+send/recv and never holds every rank's K and V at once (no all-gather).
 """
 import math
 
@@ -58,9 +63,11 @@ def merge(o_a, lse_a, o_b, lse_b):
 def ring_step(q, kv, state):
     # BEGIN SOLUTION
     rank, size = dist.get_rank(), dist.get_world_size()
-    received = torch.empty_like(kv)
-    works = [dist.isend(kv.contiguous(), (rank + 1) % size),
-             dist.irecv(received, (rank - 1) % size)]
+    received, works = kv, []
+    if size > 1:
+        received = torch.empty_like(kv)
+        works = [dist.isend(kv.contiguous(), (rank + 1) % size),
+                 dist.irecv(received, (rank - 1) % size)]
     part = block_attention(q, kv[0], kv[1])
     state = part if state is None else merge(*state, *part)
     for w in works:

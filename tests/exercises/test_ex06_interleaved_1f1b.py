@@ -43,6 +43,7 @@ def _most_held(p, m, v, rank):
     return min(m, (warmup + 1) / v)
 
 
+@pytest.mark.weight(2)
 @pytest.mark.parametrize("case", [(2, 2, 2), (4, 4, 2), (3, 3, 2), (2, 8, 2), (4, 16, 2),
                                   (4, 8, 4)], ids=str)
 def test_holds_no_more_activations_than_1f1b_allows(case):
@@ -60,8 +61,10 @@ def test_holds_no_more_activations_than_1f1b_allows(case):
         for r, peak, most in over)
 
 
+@pytest.mark.weight(0.5)
 @pytest.mark.parametrize("case", [(2, 3, 2), (4, 6, 2), (2, 4, 1)], ids=str)
 def test_rejects_what_cannot_be_interleaved(case):
+    """chunks < 2, or micro-batches not a multiple of the stages, raise ValueError."""
     pp.validate(_schedule(2, 2, 2))            # a valid case works (so raising always fails)
     with pytest.raises(ValueError):
         ex.interleaved_1f1b(*case)

@@ -6,11 +6,12 @@ import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib.grading import load_exercise
-from lecture_lib.grading.harness import record_dist
+from lecture_lib.grading.harness import assert_close_per_rank, difference, record_dist
 
 ex = load_exercise("ex08")
 POINTS = 10
 TOKENS, D, EXPERTS = 24, 5, 4
+ROW = D * 8                     # bytes of one token (float64); no count table is a multiple
 
 
 def _tokens():
@@ -63,43 +64,73 @@ def _sorted_rows(t):
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_dispatch_sends_each_token_to_its_experts_rank(world_size):
+    """Each rank receives exactly the tokens of its own experts (from every rank), each row
+    labelled with its global expert index."""
     x_all, idx_all = _tokens()
     local = EXPERTS // world_size
     for rank, res in enumerate(_results(world_size)):
         got_e = res["received_expert"]
-        assert got_e.shape[0] == res["received"].shape[0], "one expert index per received row"
-        assert ((got_e >= rank * local) & (got_e < (rank + 1) * local)).all(), \
-            f"rank {rank} received tokens of another rank's expert"
+        assert got_e.shape[0] == res["received"].shape[0], (
+            f"rank {rank}: {res['received'].shape[0]} rows received but {got_e.shape[0]} "
+            "expert indices: received_expert needs one global expert index per received row")
+        others = sorted(set(got_e[(got_e < rank * local) | (got_e >= (rank + 1) * local)]
+                            .tolist()))
+        assert not others, (f"rank {rank} holds experts {rank * local}..{(rank + 1) * local - 1}"
+                            f" but received rows labelled with experts {others}")
         for e in range(rank * local, (rank + 1) * local):
             want, got = int((idx_all == e).sum()), int((got_e == e).sum())
-            assert got == want, f"rank {rank}: expected {want} rows for expert {e}, got {got}"
-            torch.testing.assert_close(_sorted_rows(res["received"][got_e == e]),
-                                       _sorted_rows(x_all[idx_all == e]),
-                                       msg=f"tokens of expert {e} on rank {rank}")
+            assert got == want, (f"rank {rank}: expected {want} rows for expert {e} (every "
+                                 f"rank's tokens that chose it), got {got}")
+            rows, expected = _sorted_rows(res["received"][got_e == e]), _sorted_rows(
+                x_all[idx_all == e])
+            assert torch.equal(rows, expected), (
+                f"rank {rank}: the rows labelled expert {e} are not the tokens that chose "
+                f"expert {e} (compared as sets of rows): {difference(rows, expected)}")
 
 
+@pytest.mark.weight(1.5)
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_combine_returns_outputs_in_token_order(world_size):
+    """Row i of combine's output is token i's expert output (expert e multiplies by e + 1),
+    back in this rank's original token order; x is left unchanged."""
     x_all, idx_all = _tokens()
     n = TOKENS // world_size
-    for rank, res in enumerate(_results(world_size)):
-        rows = slice(rank * n, (rank + 1) * n)
-        expected = x_all[rows] * (idx_all[rows] + 1).unsqueeze(1).double()
-        torch.testing.assert_close(res["y"], expected, rtol=0, atol=0, msg=f"rank {rank}")
-        assert res["unchanged"], f"rank {rank}: dispatch changed its input"
+    results = _results(world_size)
+    expected = [x_all[r * n:(r + 1) * n] * (idx_all[r * n:(r + 1) * n] + 1).unsqueeze(1).double()
+                for r in range(world_size)]
+    assert_close_per_rank([res["y"] for res in results], expected,
+                          "combine's output (row i: token i's expert output, in the original "
+                          "token order; undo the sort by expert)", rtol=0, atol=0)
+    for rank, res in enumerate(results):
+        assert res["unchanged"], f"rank {rank}: dispatch changed its input x"
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_gradient_flows_back_through_both_all_to_alls(world_size):
+    """dL/dx for L = sum((rank + 1) * y): token i's gradient is (rank + 1) * (e_i + 1)."""
     _, idx_all = _tokens()
     n = TOKENS // world_size
-    for rank, res in enumerate(_results(world_size)):
-        idx = idx_all[rank * n:(rank + 1) * n]
-        expected = ((idx + 1).double() * (rank + 1)).unsqueeze(1).expand(n, D)
-        assert res["x_grad"] is not None, "no gradient reached x: use the differentiable all_to_all"
-        torch.testing.assert_close(res["x_grad"], expected, rtol=0, atol=0, msg=f"rank {rank}")
+    results = _results(world_size)
+    for rank, res in enumerate(results):
+        assert res["x_grad"] is not None, (
+            f"rank {rank}: no gradient reached x: move the tokens with lecture_lib."
+            "expert_parallel.all_to_all, which autograd can go back through")
+    expected = [((idx_all[r * n:(r + 1) * n] + 1).double() * (r + 1)).unsqueeze(1).expand(n, D)
+                for r in range(world_size)]
+    assert_close_per_rank([res["x_grad"] for res in results], expected,
+                          "the gradient of x (token i's: (rank + 1) * (its expert + 1), come "
+                          "back through combine's and dispatch's all-to-alls)", rtol=0, atol=0)
 
 
+def _is_tokens(event):
+    """A call that moves tokens: it carries whole token rows (D float64 = 40 bytes each) in or
+    out. The count table, of any dtype or shape the statement allows (at most p x E numbers),
+    is never a multiple of a row, so it is told apart by what it is, not by its dtype."""
+    return (event["bytes"] or event["input"]) and not event["bytes"] % ROW \
+        and not event["input"] % ROW
+
+
+@pytest.mark.weight(2.5)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tokens_travel_once_by_all_to_all(world_size):
     """Each token crosses once each way in an all-to-all: a rank receives exactly the rows of
@@ -111,18 +142,22 @@ def test_tokens_travel_once_by_all_to_all(world_size):
         mine = int(((idx_all >= rank * local) & (idx_all < (rank + 1) * local)).sum())
         for phase, rows in (("dispatch", mine), ("combine", n)):
             events = res["moved"][phase]
-            tokens = [e for e in events if "torch.float64" in e["dtypes"]]
+            tokens = [e for e in events if _is_tokens(e)]
             kinds = sorted({e["kind"] for e in tokens})
             got = sum(e["bytes"] for e in tokens)
+            where = f"rank {rank}, {world_size} ranks: {phase}"
             assert kinds == ["all_to_all"], (
-                f"rank {rank}, {world_size} ranks: {phase} moved the tokens with "
-                f"{kinds or 'nothing'}; expected one all-to-all (lecture_lib.expert_parallel."
-                "all_to_all), which sends each token only to the rank that needs it")
-            assert got == rows * D * 8, (
-                f"rank {rank}, {world_size} ranks: {phase} received {got} bytes of tokens, "
-                f"expected {rows} rows x {D} x 8 = {rows * D * 8}: each token travels once, to "
-                "its expert's rank and back (an all-gather sends every token to every rank)")
+                f"{where} moved the tokens with {kinds or 'nothing'}; expected "
+                "all-to-all (lecture_lib.expert_parallel.all_to_all), which sends each token "
+                "only to the rank that needs it"
+                + (" (an all-gather sends every token to every rank: p times the bytes)"
+                   if "all_gather" in kinds else ""))
+            assert got == rows * ROW, (
+                f"{where} received {got // ROW} token rows ({got} bytes) by all-to-all, "
+                f"expected {rows} ({rows} x {D} float64 = {rows * ROW} bytes): each token "
+                "travels once, to its expert's rank in dispatch and back to its own rank in "
+                "combine, and to no other rank")
             rest = sum(e["bytes"] + e["input"] for e in events if e not in tokens)
             assert rest <= 2 * world_size * EXPERTS * 8, (
-                f"rank {rank}, {world_size} ranks: {phase} moved {rest} bytes besides the "
-                f"tokens; only the count table (p x E/p numbers) need travel")
+                f"{where} moved {rest} bytes besides the tokens; only the count table (at most "
+                f"p x E = {world_size * EXPERTS} numbers) need travel")

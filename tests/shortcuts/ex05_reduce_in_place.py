@@ -7,6 +7,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 class CopyToTensorParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):

@@ -1,11 +1,13 @@
 # shortcut: every token all-gathered to every rank (p times the bytes), then picked locally
 # graded as: ex08_moe_dispatch.py
-# scores: at most 9
+# scores: at most 7
 # message: moved the tokens with ['all_gather']
 from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
+
 
 @dataclass
 class Plan:

@@ -1,10 +1,12 @@
 # shortcut: the block computed first, the exchange after: right numbers, nothing overlapped
 # graded as: ex13_ring_attention.py
-# scores: at most 9
+# scores: at most 7
 # message: not posted before the block's compute
 import math
+
 import torch
 import torch.distributed as dist
+
 
 def block_attention(q, k, v):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
