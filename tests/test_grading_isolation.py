@@ -123,7 +123,6 @@ def _grade_as_user(home, course, python, folder: Path, out: Path, mode: str | No
            "PYTHONPATH": str(course), "OMP_NUM_THREADS": "1", "USER": USER}
     if mode:
         env[isolation.ENV] = mode
-    env["TMP_GUARD"] = "1"
     with enterable_by_all(Path(os.path.realpath(python)), Path(sysconfig.get_paths()["purelib"])):
         proc = subprocess.run(["runuser", "-u", USER, "--", "env", *[f"{k}={v}" for k, v in
                                env.items()], str(python), "-m", "lecture_lib.grading", "grade",

@@ -207,7 +207,7 @@ def grade(path: str | Path, extra: str | Path | None = None, timeout: float = 30
     results = []
     for f in files:
         result = grade_file(f, extra, timeout, mode)
-        changed = guarded.changed() if os.environ.get("TMP_GUARD") == "1" else []
+        changed = guarded.changed()
         if changed:
             guarded.restore(changed)
             names = ", ".join(_shown(p) for p in changed[:5]) + (" ..." if len(changed) > 5 else "")
