@@ -29,6 +29,8 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+#: The pages after the appendix notebooks: book/<name>.md, or generated (exercises).
+PAGES = ("gpus", "exercises", "glossary")
 #: A tag that would load a script, style, image or frame from another host.
 EXTERNAL = re.compile(r"<(?:script|link|img|iframe|source)\b[^>]*?\b(?:src|href)="
                       r"[\"'](?:https?:)?//", re.I)
@@ -92,10 +94,13 @@ def run_box(name: str) -> nbformat.NotebookNode:
 
 def for_the_book(node: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The executed notebook as the book shows it: the run box after the title; each live
-    widget's view replaced by a note (its static snapshot, drawn by the widget, stays)."""
+    widget's view replaced by a note (its static snapshot, drawn by the widget, stays); links
+    to the book's own pages (``../book/glossary.md``) pointed at them."""
     for cell in node.cells:
         if cell.cell_type == "code":
             cell.outputs = [shown for out in cell.get("outputs", []) for shown in _static(out)]
+        else:                           # ../book/glossary.md in JupyterLab is ../glossary here
+            cell.source = cell.source.replace("](../book/", "](../")
     title = next((i for i, c in enumerate(node.cells) if c.cell_type == "markdown"), 0)
     node.cells.insert(title + 1, run_box(name))
     return node
@@ -140,7 +145,7 @@ def index_page(lecture: list[str], appendix: list[str]) -> str:
                 + "\n:::\n")
     intro = (ROOT / "book" / "index.md").read_text()
     return "\n".join([intro, toc("The lecture", lecture),
-                      toc("Appendix", appendix + ["exercises", "glossary"])])
+                      toc("Appendix", appendix + list(PAGES))])
 
 
 def assemble(src: Path, executed: Path) -> list[str]:
@@ -151,11 +156,13 @@ def assemble(src: Path, executed: Path) -> list[str]:
         nbformat.write(for_the_book(check_executed(nb, executed), nb.name),
                        str(src / "notebooks" / nb.name))
     shutil.copy(ROOT / "book" / "conf.py", src / "conf.py")
-    shutil.copy(ROOT / "book" / "glossary.md", src / "glossary.md")
+    for page in PAGES:
+        if (ROOT / "book" / f"{page}.md").exists():
+            shutil.copy(ROOT / "book" / f"{page}.md", src / f"{page}.md")
     (src / "exercises.md").write_text(exercises_page(ROOT / "exercises"))
     docs = [f"notebooks/{p.stem}" for p in lecture], [f"notebooks/{p.stem}" for p in appendix]
     (src / "index.md").write_text(index_page(*docs))
-    return ["index", *docs[0], *docs[1], "exercises", "glossary"]
+    return ["index", *docs[0], *docs[1], *PAGES]
 
 
 def external_assets(out: Path) -> list[str]:

@@ -60,7 +60,7 @@ def built():
 def _pages_in_order() -> list[str]:
     lecture, appendix = book.lecture_and_appendix(ROOT / "notebooks")
     return ["index.html", *(f"notebooks/{p.stem}.html" for p in lecture + appendix),
-            "exercises.html", "glossary.html"]
+            *(f"{page}.html" for page in book.PAGES)]
 
 
 def test_every_internal_link_and_image_resolves(built):
@@ -127,7 +127,7 @@ def test_each_kind_of_page_renders_with_its_figures(page, server):
     assert page.get_by_text("Run this notebook yourself").count() == 1
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "book_context_parallel.png"))
-    for name, needle in (("exercises", "ex13"), ("glossary", "all-reduce")):
+    for name, needle in (("exercises", "ex13"), ("glossary", "all-reduce"), ("gpus", "torchrun")):
         page.goto(f"{server}/{name}.html")
         assert needle in page.inner_text("main")
     assert page.elsewhere == [], f"pages asked other hosts for {page.elsewhere[:5]}"
