@@ -1,9 +1,10 @@
 """lecture_lib.emulate's calibrated charges: kernels, launches, waves, attention, optimizers, NCCL.
 
 Each expected value is computed from the preset's constants and the model's
-formula (lecture_lib/emulate/compute.py, nccl.py), never read back from a run.
+formula (lecture_lib/emulate/kernels.py, compute.py, nccl.py), never read back from a run.
 """
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,14 @@ import torch.nn.functional as F
 import lecture_lib
 from lecture_lib import emulate
 from lecture_lib.emulate import nccl
+from lecture_lib.emulate.kernels import (
+    FlashAttention,
+    by_head_dim,
+    fit_fill,
+    fit_flash_attention,
+    fit_gemm,
+    gemm_seconds,
+)
 
 H100, A100 = emulate.preset("h100-node"), emulate.preset("a100-node")
 D = H100.device
@@ -53,7 +62,7 @@ def test_a_matmul_pays_its_waves_and_the_achieved_rate():
         a @ a
     d = A100.device
     rate = d.bf16_flops * d.matmul_efficiency * 64 / 108
-    _close(clock.now(), d.kernel_seconds + 2 * 1024 ** 3 / rate)
+    _close(clock.now(), d.kernel_seconds + d.matmul_fill_seconds + 2 * 1024 ** 3 / rate)
 
 
 def test_attention_is_charged_its_flops_on_any_backend_halved_when_causal():
@@ -176,8 +185,131 @@ def test_a_weight_gradient_is_split_along_k_when_its_output_has_few_tiles():
     seconds, flops, nbytes = emulate.op_cost(torch.ops.aten.mm.default, (a, b), {}, a @ b, H100)
     rate = D.bf16_flops * D.matmul_efficiency
     bandwidth = D.memory_bandwidth * D.memory_efficiency
-    _close(seconds, D.kernel_seconds + max(flops / rate, nbytes / bandwidth))
+    fixed = D.kernel_seconds + D.matmul_fill_seconds
+    _close(seconds, fixed + max(flops / rate, nbytes / bandwidth))
     # a short k cannot be split: 4 tiles of 132 SMs busy
     a, b = a[:, :256], b[:256]
     seconds, flops, _ = emulate.op_cost(torch.ops.aten.mm.default, (a, b), {}, a @ b, H100)
-    _close(seconds, D.kernel_seconds + flops / (rate * 4 / 132))
+    _close(seconds, fixed + flops / (rate * 4 / 132))
+
+
+def test_a_matmul_fills_its_pipeline_on_top_of_a_kernels_least_time():
+    # the same small matmul with and without the fill: the fill alone tells them apart, and a
+    # roofline cluster pays neither
+    a = torch.empty(256, 256, dtype=torch.bfloat16, device="meta")
+    mm = torch.ops.aten.mm.default
+    no_fill = emulate.preset("h100-node", device=replace(D, matmul_fill_seconds=0.0))
+    _close(emulate.op_cost(mm, (a, a), {}, a @ a, H100)[0]
+           - emulate.op_cost(mm, (a, a), {}, a @ a, no_fill)[0], D.matmul_fill_seconds)
+    roofline = emulate.preset("h100-node", charges="roofline")
+    flops = 2 * 256 ** 3
+    _close(emulate.op_cost(mm, (a, a), {}, a @ a, roofline)[0],
+           max(flops / D.bf16_flops, 3 * 2 * 256 ** 2 / D.memory_bandwidth))
+
+
+SDPA_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _sdpa_seconds(cluster, shape, causal, backward=False):
+    """Emulated seconds of one CPU flash-attention kernel (the GPU's stand-in) on meta tensors."""
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q, k, v, out, grad = (torch.empty(shape, dtype=torch.bfloat16, device="meta")
+                          for _ in range(5))
+    lse = torch.empty(shape[:-1], dtype=torch.float32, device="meta")
+    if backward:
+        return emulate.op_cost(SDPA_BACKWARD, (grad, q, k, v, out, lse, 0.0, causal), {},
+                               (q, k, v), cluster)
+    return emulate.op_cost(sdpa.default, (q, k, v, 0.0, causal), {}, (out, lse), cluster)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_runs_at_its_flash_kernels_measured_share(causal, backward):
+    # 8 sequences of 4096 tokens, 16 heads of 128: 8 x 16 x 32 = 4096 query blocks, 31.03 waves
+    shape = (8, 16, 4096, 128)
+    seconds, flops, _ = _sdpa_seconds(H100, shape, causal, backward)
+    fa = D.attention
+    n, fill = 4096 / 128, fa.backward_fill if backward else fa.forward_fill
+    useful = fa.causal * n / (n + 1 + 2 * fill) if causal else n / (n + fill)
+    share = dict(fa.backward if backward else fa.forward)[128] * useful
+    busy = 4096 / (32 * 132)
+    _close(seconds, D.kernel_seconds + flops / (D.bf16_flops * share * busy))
+    # FlashAttention-2 on an H100 reaches a third of the peak: far below a matmul's share
+    assert 0.2 < share < 0.4 < D.matmul_efficiency
+
+
+def test_attention_is_faster_per_flop_on_longer_sequences_and_without_a_mask():
+    def rate(tokens, causal):
+        seconds, flops, _ = _sdpa_seconds(H100, (16384 // tokens, 16, tokens, 128), causal)
+        return flops / seconds
+    assert rate(512, False) < rate(2048, False) < rate(16384, False)
+    assert rate(512, True) < rate(512, False) and rate(16384, True) < rate(16384, False)
+    # without a flash kernel's rates (a user-defined device) attention runs at the matmul's
+    plain = emulate.preset("h100-node", device=replace(D, attention=None))
+    seconds, flops, _ = _sdpa_seconds(plain, (1, 16, 16384, 128), False)
+    _close(seconds, D.kernel_seconds + flops / (D.bf16_flops * D.matmul_efficiency * 2048 / 2112))
+
+
+def test_a_head_dimension_between_the_measured_ones_is_interpolated_in_one_over_d():
+    table = ((64, 0.30), (128, 0.40), (256, 0.35))
+    assert by_head_dim(table, 64) == 0.30 and by_head_dim(table, 128) == 0.40
+    assert by_head_dim(table, 512) == 0.35                      # past the last: the last
+    # 1 / share linear in 1 / d: 1/96 is two thirds of the way from 1/64 to 1/128
+    _close(by_head_dim(table, 96), 1 / (1 / 0.30 + (2 / 3) * (1 / 0.40 - 1 / 0.30)))
+    assert by_head_dim(table, 32) < 0.30                       # below the first, lower still
+
+
+def test_the_fill_is_recovered_from_two_rates():
+    def rate(tokens, fill):                                     # the model's unmasked rate
+        n = tokens / 128
+        return 300e12 * n / (n + fill)
+    for fill in (0.5, 2.0):
+        _close(fit_fill((512, rate(512, fill)), (16384, rate(16384, fill))), fill)
+
+
+def test_the_a100_shares_the_h100s_attention_shape_at_its_own_share_of_the_peak():
+    a, h = A100.device.attention, D.attention
+    assert (a.forward_fill, a.backward_fill, a.causal) == (h.forward_fill, h.backward_fill,
+                                                          h.causal)
+    ratios = {round(sa / sh, 12) for (_, sa), (_, sh) in zip(a.forward + a.backward,
+                                                              h.forward + h.backward)}
+    assert len(ratios) == 1                                     # one scale for every share
+    with pytest.raises(TypeError, match="FlashAttention"):
+        replace(D, attention={"forward": 0.3})
+    with pytest.raises(ValueError, match=">= 0"):
+        replace(D, matmul_fill_seconds=-1e-6)
+
+
+def test_the_gemm_constants_are_recovered_from_two_gemms():
+    device = replace(D, matmul_efficiency=1.0, matmul_fill_seconds=0.0)
+    big, small = (1, 4096, 4096, 4096), (1, 256, 2048, 256)
+
+    def measured(shape):                                   # made with known constants
+        seconds = gemm_seconds(device, *shape, 0.8, 3e-6)
+        return shape, 2 * math.prod(shape) / seconds
+    efficiency, fill = fit_gemm(device, measured(big), measured(small))
+    _close(efficiency, 0.8)
+    _close(fill, 3e-6)
+
+
+def test_the_flash_attention_constants_are_recovered_from_its_rates():
+    truth = FlashAttention("toy", forward=((64, 0.3), (128, 0.35)), backward=((64, 0.25),
+                           (128, 0.3)), forward_fill=0.8, backward_fill=2.0, causal=0.9)
+    peak, sms = 1e15, 132
+    rates = {}
+    for pass_, d, tokens, causal in (("forward", 128, 512, False), ("forward", 128, 16384, False),
+                                     ("forward", 64, 16384, False), ("forward", 128, 16384, True),
+                                     ("backward", 128, 512, False),
+                                     ("backward", 128, 16384, False),
+                                     ("backward", 64, 16384, False)):
+        waves = 2048 * 128 // d / (-(-(2048 * 128 // d) // sms) * sms)
+        rates[pass_, d, tokens, causal] = peak * waves * truth.share(pass_ == "backward", d,
+                                                                      tokens, causal)
+    fitted = fit_flash_attention("toy", rates, peak, sms, "")
+    for got, want in ((fitted.forward_fill, 0.8), (fitted.backward_fill, 2.0),
+                      (fitted.causal, 0.9)):
+        _close(got, want)
+    for (d, got), (d_true, want) in zip(fitted.forward + fitted.backward,
+                                        truth.forward + truth.backward):
+        assert d == d_true
+        _close(got, want)

@@ -4,9 +4,10 @@ On a laptop the ranks share a few CPU cores, so real timings show how this
 machine behaves, not how GPUs do. The emulation runs the same real code on
 the same real processes and tensors, and keeps, per rank, a virtual compute
 stream and communication stream (:mod:`.clock`). Each operation is charged
-what the chosen device would take (:mod:`.compute`): one kernel at the rates
-real kernels achieve, with its fixed cost and the host's launch, attention by
-its FLOPs, the optimizer as the GPU's foreach or fused kernels. Each message
+what the chosen device would take (:mod:`.compute`, :mod:`.kernels`): one kernel
+at the rates real kernels achieve (matmuls by shape, attention at FlashAttention-2's
+measured rates), with its fixed cost and the host's launch, the optimizer as the GPU's
+foreach or fused kernels; the devices and their fitted constants are in :mod:`.devices`. Each message
 by NCCL's algorithm and protocol for its size (:mod:`.nccl`, :mod:`.comm`,
 :mod:`.p2p`). Every constant is sourced, and checked against published GPU
 measurements (:mod:`.published`, :mod:`lecture_lib.calibration.published`);

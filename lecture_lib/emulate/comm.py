@@ -6,42 +6,9 @@ operation on the real tensors and charges the rank's comm stream what the
 cluster takes for its size on the group's ranks (``Cluster.collective_seconds``);
 with ``async_op=True`` it returns an :class:`EmulatedWork` whose ``wait()``
 makes the compute stream wait for its end, so it overlaps the compute issued
-after it. Messages are in :mod:`.p2p`.
-
-A collective starts when every rank of the group has issued it and its comm
-stream is free. A rank knows only its own *ready* time, ``max(compute,
-comm)`` at the issue; the ranks agree on the latest with a tiny real
-all-reduce (MAX, float64). One per collective costs a round trip each, which
-a communication-bound run pays in real time, so the collectives issued
-asynchronously on one group form a *batch*: each is issued at once, its ready
-time ``r`` and cost ``c`` written down, and when a time is needed one
-all-reduce of the batch's ``r`` and ``c`` (MAX over ranks: ``R``, ``C``; an
-uneven all-to-all costs each rank differently) gives every start:
-
-    start_1 = R_1,        start_k = max(R_k, start_{k-1} + C_{k-1})
-
-the floats one agreement per collective gives (max is exact; the largest
-``start + c`` is ``start`` plus the largest ``c``) while no other collective
-enters this rank's comm stream. A batch is agreed (*closed*) at a ``wait()``
-on one of its collectives; at ``clock.resolve()``, ``synchronize()``,
-``timeline()``, ``summary()`` and the end of the block; at a synchronous
-collective on its group (whose ready time joins the batch's all-reduce,
-issued before the data as for a lone one); at a collective on another group.
-A send does not close it (see :mod:`.p2p`). A span is recorded at the
-agreement rather than at the next issue, so compute spans break less often.
-
-Agreeing is a collective, so every rank must agree at the same place: a
-batch's all-reduce takes a place in its group's sequence of collectives, and
-every rank of the group must close the batch after the same collectives and
-before the same ones, or one rank's agreement meets another's data (one rank
-waits after its first collective while a peer issues a second). Ranks that
-run the same code do (their waits, synchronizations and other groups'
-collectives are on the same lines), as every scheme of the course does; ranks
-of a group that diverge (one waits, or uses a subgroup, where another does
-not) must first wait for their asynchronous collectives. To fail loudly, the
-vector starts with the group's index of the batch's first collective and its
-negative: after the MAX they differ unless every rank closed the same batch,
-and the rank raises (gloo stops a vector meeting data of another size).
+after it. A collective starts when every rank of the group has issued it and
+its comm stream is free: the ranks agree on when (:mod:`.agreement`).
+Messages are in :mod:`.p2p`.
 
 The dry run (``emulated(..., dry_run=True)``) skips the data of every
 collective (fake tensors have none: outputs keep their fake contents, an
@@ -57,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .agreement import Batch, Pending, agree, before_collective, join, record, resolve
 from .nccl import collective_seconds, p2p_seconds  # noqa: F401  (re-exported)
 
 COLLECTIVES = ["all_reduce", "all_gather_single", "all_gather_into_tensor",
@@ -72,27 +40,39 @@ _KIND = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gathe
          "all_to_all_single": "all_to_all"}
 
 
-def arguments(name: str, args, kwargs) -> dict:
-    """The call's arguments by name, defaults filled in (``Signature.bind``, without its cost:
-    every parameter of these functions is positional-or-keyword)."""
-    names = _DEFAULTS[name]
-    a = dict(names)
-    a.update(zip(names, args))
-    a.update(kwargs)
-    if len(args) > len(names) or len(a) > len(names) or any(v is _EMPTY for v in a.values()):
-        raise TypeError(f"{name}() does not take these arguments: {args}, {kwargs}")
-    return a
-
-
-def _group(group):
-    """The process group itself (``None`` is the world's)."""
-    return dist.group.WORLD if group is None else group
-
-
-def nbytes_of(t) -> int:
-    if isinstance(t, (list, tuple)):
-        return sum(nbytes_of(x) for x in t)
-    return t.numel() * t.element_size()
+def _collective(state: State, name: str, args, kwargs):
+    """One wrapped collective: charged on the comm stream from when its group agrees it
+    starts; the real operation runs on the real tensors (not in the dry run)."""
+    a = arguments(name, args, kwargs)
+    group, async_op = _group(a.get("group")), bool(a.get("async_op", False))
+    ranks = state.ranks(group)
+    if state.rank not in ranks:
+        return ORIGINAL[name](*args, **kwargs)
+    a["_ranks"] = ranks
+    clock, kind = state.clock, _KIND.get(name, name)
+    nbytes = _size(name, a, ranks.index(state.rank))
+    before_collective(state, group)
+    clock.issued.append((kind, clock.compute, nbytes))
+    op = Pending(kind, nbytes, max(clock.compute, clock.comm),
+                 state.cost(kind, nbytes, group, ranks))
+    batch = join(state, group, ranks, op)
+    if not async_op:                       # agree on the batch and this one, with the data
+        state.batch = None
+        finish = agree(state, batch)
+    work = None
+    if not state.dry_run:
+        with state.real():
+            work = ORIGINAL[name](*args, **kwargs)
+    if not async_op:
+        finish()
+        for pending in batch.ops:
+            record(state, pending)
+        clock.wait_until(op.start + op.cost)
+        return work
+    end = Once(state, lambda: resolve(state, op))
+    clock.defer(end)
+    state.tail = op
+    return EmulatedWork([work], state, end)
 
 
 class State:
@@ -100,6 +80,7 @@ class State:
 
     def __init__(self, clock, cluster, dry_run: bool = False):
         self.clock, self.cluster, self.dry_run = clock, cluster, dry_run
+        self.original = ORIGINAL        # the real functions (the agreement's all-reduce)
         self.depth = 0                  # > 0 inside a wrapper: nested calls pass through
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self._ranks: dict = {}
@@ -195,98 +176,6 @@ class Once:
         return self.value
 
 
-class Pending:
-    """One collective on this rank: ready time and cost; its start once the ranks agree."""
-    __slots__ = ("kind", "nbytes", "ready", "cost", "start", "recorded")
-
-    def __init__(self, kind: str, nbytes: int, ready: float, cost: float):
-        self.kind, self.nbytes, self.ready, self.cost = kind, nbytes, ready, cost
-        self.start, self.recorded = None, False
-
-
-class Batch:
-    """Collectives issued on one group, starts not agreed yet (``first``: the group's index
-    of the first, the same on every rank running the same program)."""
-
-    def __init__(self, group, ranks: list[int], first: int):
-        self.group, self.ranks, self.first, self.ops = group, ranks, first, []
-
-
-def _agree(state: State, batch: Batch):
-    """Issue the batch's all-reduce (MAX) now; return what waits for it and sets the starts."""
-    ops, n = batch.ops, len(batch.ops)
-    times = [batch.first, -batch.first] + [op.ready for op in ops] + [op.cost for op in ops]
-    work = vector = None
-    if len(batch.ranks) > 1:
-        with state.real():
-            vector = torch.tensor(times, dtype=torch.float64)
-            work = ORIGINAL["all_reduce"](vector, op=dist.ReduceOp.MAX, group=batch.group,
-                                          async_op=True)
-
-    def finish() -> None:
-        agreed = times
-        if work is not None:
-            with state.real():
-                work.wait()
-                agreed = vector.tolist()
-        if agreed[0] != -agreed[1]:
-            raise RuntimeError(
-                f"emulate: rank {state.rank} agreed on the times of collectives {batch.first}.. "
-                f"of the group {batch.ranks} while another rank agreed on collectives "
-                f"{int(-agreed[1])}..{int(agreed[0])}: every rank of a group must wait, "
-                "synchronize and switch groups at the same place (lecture_lib.emulate.comm)")
-        previous_end = None
-        for op, ready, cost in zip(ops, agreed[2:2 + n], agreed[2 + n:]):
-            op.start = ready if previous_end is None else max(ready, previous_end)
-            previous_end = op.start + cost
-    return finish
-
-
-def _record(state: State, op: Pending) -> None:
-    """Put an agreed collective on the comm stream and in the timeline (once)."""
-    if not op.recorded:
-        op.recorded = True
-        state.clock.comm_span(op.kind, op.start, op.start + op.cost, op.nbytes)
-        if state.tail is op:
-            state.tail = None
-
-
-def close(state: State) -> None:
-    """Agree on the open batch (one all-reduce) and record all of it but the tail."""
-    batch, state.batch = state.batch, None
-    if batch is not None:
-        _agree(state, batch)()
-        for op in batch.ops:
-            if op is not state.tail:
-                _record(state, op)
-
-
-def _before_collective(state: State, group) -> None:
-    """A new collective on ``group``: another group's batch is agreed and recorded; the
-    previous collective, agreed, is recorded (it was, in issue order, before this one)."""
-    if state.batch is not None and state.batch.group is not _group(group):
-        close(state)
-    if state.tail is not None and state.tail.start is not None:
-        _record(state, state.tail)
-
-
-def _join(state: State, group, ranks: list[int], op: Pending) -> Batch:
-    group = _group(group)
-    if state.batch is None:
-        state.batch = Batch(group, ranks, state.count.get(group, 0))
-    state.count[group] = state.count.get(group, 0) + 1
-    state.batch.ops.append(op)
-    return state.batch
-
-
-def _resolve(state: State, op: Pending) -> float:
-    """The end of an asynchronous collective (its batch agreed first if need be)."""
-    if op.start is None:
-        close(state)
-    _record(state, op)
-    return op.start + op.cost
-
-
 _BUFFER = {"all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
            "all_gather_single": "output_tensor", "all_gather_into_tensor": "output_tensor",
            "reduce_scatter_single": "input", "reduce_scatter_tensor": "input",
@@ -308,34 +197,24 @@ def _size(name: str, a: dict, me: int) -> int:
     return 0                                                   # barrier
 
 
-def _collective(state: State, name: str, args, kwargs):
-    a = arguments(name, args, kwargs)
-    group, async_op = a.get("group"), bool(a.get("async_op", False))
-    ranks = state.ranks(group)
-    if state.rank not in ranks:
-        return ORIGINAL[name](*args, **kwargs)
-    a["_ranks"] = ranks
-    clock, kind = state.clock, _KIND.get(name, name)
-    nbytes = _size(name, a, ranks.index(state.rank))
-    _before_collective(state, group)
-    clock.issued.append((kind, clock.compute, nbytes))
-    op = Pending(kind, nbytes, max(clock.compute, clock.comm),
-                 state.cost(kind, nbytes, group, ranks))
-    batch = _join(state, group, ranks, op)
-    if not async_op:                       # agree on the batch and this one, with the data
-        state.batch = None
-        finish = _agree(state, batch)
-    work = None
-    if not state.dry_run:
-        with state.real():
-            work = ORIGINAL[name](*args, **kwargs)
-    if not async_op:
-        finish()
-        for pending in batch.ops:
-            _record(state, pending)
-        clock.wait_until(op.start + op.cost)
-        return work
-    end = Once(state, lambda: _resolve(state, op))
-    clock.defer(end)
-    state.tail = op
-    return EmulatedWork([work], state, end)
+def arguments(name: str, args, kwargs) -> dict:
+    """The call's arguments by name, defaults filled in (``Signature.bind``, without its cost:
+    every parameter of these functions is positional-or-keyword)."""
+    names = _DEFAULTS[name]
+    a = dict(names)
+    a.update(zip(names, args))
+    a.update(kwargs)
+    if len(args) > len(names) or len(a) > len(names) or any(v is _EMPTY for v in a.values()):
+        raise TypeError(f"{name}() does not take these arguments: {args}, {kwargs}")
+    return a
+
+
+def _group(group):
+    """The process group itself (``None`` is the world's)."""
+    return dist.group.WORLD if group is None else group
+
+
+def nbytes_of(t) -> int:
+    if isinstance(t, (list, tuple)):
+        return sum(nbytes_of(x) for x in t)
+    return t.numel() * t.element_size()

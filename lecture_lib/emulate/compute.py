@@ -3,32 +3,28 @@
 :class:`ComputeMode` is a ``TorchDispatchMode``: it sees every ATen operation
 the rank executes (forward, backward and optimizer, after autograd has done
 its part), calls it unchanged (so results are bit-identical), and charges the
-rank's compute stream. Each operation is one kernel, charged on a roofline
-(Williams, Waterman & Patterson 2009) of what real kernels achieve:
+rank's compute stream one kernel, as :mod:`.kernels` prices it: a matmul at
+the rate measured GEMMs reach with the waves of its tiles, attention at its
+flash kernel's measured rate, anything else by its bytes.
 
-    seconds = kernel + max(FLOPs / (rate(dtype) * efficiency * waves),
-                           bytes / (bandwidth * memory efficiency))
-
-* ``rate`` is the device's dense peak for the dtype (:mod:`.presets`); the
-  efficiencies are the best a measured kernel reaches (cuBLASLt's best GEMM,
-  a STREAM-like copy); ``waves`` is the wave quantisation of a matmul: its
-  output is cut into 128 x 128 tiles, one per SM at a time, and the last wave
-  of tiles leaves SMs idle (1024^3 on an A100: 64 tiles on 108 SMs, 59% busy);
-  an output of fewer tiles than SMs is also split along the shared dimension
-  (split-K), as cuBLAS does for a weight gradient's small output.
-* ``kernel`` is the least time a kernel occupies the GPU, and in eager mode
-  the host spends ``launch`` seconds per operation: the stream cannot start a
-  kernel before the host has launched it, so a small model is *launch-bound*
-  (the GPU waits for Python), as real small models are. ``launch="graphs"``
-  (CUDA graphs) removes the host cost. A ``.item()`` outside the optimizer
-  waits for the GPU (the host catches up with the stream).
 * FLOPs come from ``torch.utils.flop_counter``'s registry (2 m n k for a
   matmul), looked up for the operation that ran; attention has one formula
   for every ``scaled_dot_product_attention`` kernel the host dispatches to
   (flash, memory-efficient, cuDNN, or the CPU's flash kernel, which torch's
-  registry does not know): torch's SDPA formulas, halved when causal (a flash
-  kernel skips the masked half). An operation without a formula (element-wise,
-  norms, softmax, copies) is charged by its bytes alone.
+  registry does not know): torch's SDPA formulas, halved when causal. An
+  operation without a formula (element-wise, norms, softmax, copies) is
+  charged by its bytes alone.
+* Bytes are the tensors an operation reads (its tensor arguments) and writes
+  (its tensor results), each at most its storage's size (an expanded tensor
+  reads its storage once); ``copy_``, ``fill_``, ``zero_`` and the in-place
+  random fills write their first argument without reading it. Views, fresh
+  allocations (``empty``) and ``detach`` move no data and cost nothing;
+  communication operations (namespace ``c10d``) are charged by :mod:`.comm`.
+* The host: in eager mode it spends ``launch`` seconds per operation, and the
+  stream cannot start a kernel before the host has launched it, so a small
+  model is *launch-bound* (the GPU waits for Python), as real small models
+  are. ``launch="graphs"`` (CUDA graphs) removes the host cost. A ``.item()``
+  outside the optimizer waits for the GPU (the host catches up).
 * The GPU's code path where the CPU's differs: on CPU torch's optimizers loop
   over parameters (about ten small operations each); on a GPU they run
   ``foreach`` kernels (one per operation over all parameters, torch's default
@@ -40,23 +36,11 @@ rank's compute stream. Each operation is one kernel, charged on a roofline
   mixed-precision run's activations and matmul operands are; the optimizer's
   master weights and states keep their fp32 bytes.
 
-``charges="roofline"`` (the preset's field) is the idealised model the
-roofline lesson explains: datasheet peaks, no kernel or launch cost, no waves.
-
-Bytes are the tensors an operation reads (its tensor arguments) and writes
-(its tensor results), each at most its storage's size (an expanded tensor
-reads its storage once); ``copy_``, ``fill_``, ``zero_`` and the in-place
-random fills write their first argument without reading it. Views, fresh
-allocations (``empty``) and ``detach`` move no data and cost nothing;
-communication operations (namespace ``c10d``) are charged by :mod:`.comm`.
-
 What emulating costs in real time: the dispatch to Python of every operation
 and a few microseconds of bookkeeping per operation; what kind an operation
 is, once per operation; a FLOP count once per (operation, argument shapes).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch.optim.optimizer import (
@@ -64,12 +48,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import (
-    flop_registry,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-    shape_wrapper,
-)
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+from .kernels import Charges, attention_shape, matmul_tiles
 
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
          "lift_fresh", "alias", "set_", "resize_", "_local_scalar_dense", "_unsafe_view",
@@ -80,62 +61,113 @@ _FREE_NAMESPACES = _COMM_NAMESPACES | {"profiler", "prim"}
 # In-place operations that overwrite their first argument without reading it.
 _WRITE_ONLY = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_"}
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"}
-TILE = 128                  # a matmul's output tile per SM (CUTLASS/cuBLAS's common 128 x 128)
 # Every formula torch registers through ``shape_wrapper`` shares this code object: such a
 # formula sees only the shapes of the tensors and the other arguments, so it can be cached.
 _SHAPES_ONLY = shape_wrapper(lambda *args, **kwargs: 0).__code__
 _TENSOR = torch.Tensor
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes an operation touches reading or writing ``t`` (at most its storage)."""
-    nbytes = t.nbytes
-    if t.is_contiguous():
-        return nbytes
-    try:
-        return min(nbytes, t.untyped_storage().nbytes())
-    except (RuntimeError, NotImplementedError):      # tensors without storage
-        return nbytes
+class ComputeMode(TorchDispatchMode):
+    """Charge each operation on ``clock``'s compute stream (while ``state.charging()``)."""
+
+    def __init__(self, clock, cluster, state):
+        super().__init__()
+        self.clock, self.state = clock, state
+        self.charges = Charges(cluster)
+        self._step = None               # inside optimizer.step(): what it ran, to fuse
+        self._hooks: list = []
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would otherwise wrap ``__torch_dispatch__`` in ``torch._dynamo``'s
+        ``disable``, importing dynamo (seconds of CPU) in every rank on its first operation
+        and adding a call per operation. Nothing under the emulation is ``torch.compile``d."""
+        return False
+
+    def __enter__(self):
+        self._hooks = [register_optimizer_step_pre_hook(self._step_begins),
+                       register_optimizer_step_post_hook(self._step_ends)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    def _step_begins(self, optimizer, args, kwargs):
+        if self.charges.optimizer != "as-run" and self.state.depth == 0:
+            self._step = {"seconds": 0.0, "flops": 0.0, "ops": set()}
+
+    def _step_ends(self, optimizer, args, kwargs):
+        """Charge the step as the GPU runs it: one foreach kernel per operation it ran (over
+        all parameters), or one fused kernel; the bytes and FLOPs of all of them."""
+        step, self._step = self._step, None
+        if not step or not step["ops"]:
+            return
+        kernels = 1 if self.charges.optimizer == "fused" else len(step["ops"])
+        c = self.charges
+        for _ in range(kernels):        # each kernel a share of the bytes and FLOPs
+            self.clock.launch(c.kernel + step["seconds"] / kernels, c.launch,
+                              step["flops"] / kernels)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if self.state.depth == 0:                     # state.charging(), inlined: per op
+            info = _INFO.get(func) or _info(func)
+            step = self._step
+            if not info.free:
+                c = self.charges
+                seconds, flops, _ = kernel_cost(c, func, info, args, kwargs or {}, out,
+                                                c.half and step is None)
+                if step is not None:
+                    step["seconds"] += seconds
+                    step["flops"] += flops
+                    step["ops"].add(info.name)
+                else:
+                    self.clock.launch(c.kernel + seconds, c.launch, flops)
+            elif step is None and info.name == "_local_scalar_dense":
+                self.clock.catch_up()                 # .item(): the host waits for the GPU
+        return out
 
 
-def _tensors(values, into: list) -> list:
-    """Append the tensors among ``values`` and inside the lists/tuples among them (one level)."""
-    for v in values:
-        if isinstance(v, _TENSOR):
-            into.append(v)
-        elif isinstance(v, (list, tuple)):
-            into.extend(x for x in v if isinstance(x, _TENSOR))
-    return into
+def op_cost(func, args, kwargs, out, cluster) -> tuple[float, float, float]:
+    """``(seconds, flops, bytes)`` one executed operation is charged on ``cluster``'s device
+    (as one kernel outside an optimizer step)."""
+    info = _info(func)
+    if info.free:
+        return 0.0, 0.0, 0
+    charges = Charges(cluster)
+    seconds, flops, nbytes = kernel_cost(charges, func, info, args, kwargs or {}, out,
+                                         charges.half)
+    return charges.kernel + seconds, flops, nbytes
 
 
-def attention_flops(func, args, kwargs) -> tuple[float, int]:
-    """``(FLOPs, tiles)`` of one SDPA kernel, forward or backward, whichever backend: torch's
-    SDPA formulas on the (batch, heads, tokens, head dim) shapes, halved when causal; tiles
-    are the 128-query blocks the kernel spreads over SMs."""
-    names = [a.name for a in func._schema.arguments]
-    a = dict(zip(names, args))
-    a.update(kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
-    grad = a.get("grad_out", a.get("grad_out_"))
-    if grad is None:
-        flops = sdpa_flop_count(q.shape, k.shape, v.shape)
-    else:
-        flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
-    if a.get("is_causal"):
-        flops /= 2
-    return float(flops), math.prod(q.shape[:-2]) * -(-q.shape[-2] // TILE)
-
-
-def matmul_tiles(out, k: int, sms: int) -> int:
-    """Work units of a matmul: its 128 x 128 output tiles (times its batch), each split
-    along ``k`` (split-K, as cuBLAS does when there are fewer tiles than SMs) into at most
-    ``ceil(sms / tiles)`` pieces of at least 256 of ``k``; the partial sums' reduction is
-    not charged."""
-    shape = out.shape
-    tiles = math.prod(shape[:-2]) * -(-shape[-2] // TILE) * -(-shape[-1] // TILE)
-    if 0 < tiles < sms:
-        tiles *= max(1, min(-(-sms // tiles), k // (2 * TILE)))
-    return tiles
+def kernel_cost(c: Charges, func, info: OpInfo, args, kwargs, out,
+                mixed: bool) -> tuple[float, float, float]:
+    """``(seconds, flops, bytes)`` of one non-free operation as one kernel on ``c``'s
+    cluster, without the fixed cost every kernel pays (``c.kernel``)."""
+    inputs = _tensors(args, [])
+    if info.write_only and inputs:
+        del inputs[0]                                 # written (an output), not read
+    if kwargs:
+        _tensors(kwargs.values(), inputs)
+    outputs = _tensors(out if isinstance(out, (list, tuple)) else (out,), [])
+    read, written = _nbytes(inputs, mixed), _nbytes(outputs, mixed)
+    ref = outputs[0] if outputs else (inputs[0] if inputs else None)
+    dtype = ref.dtype if ref is not None else torch.float32
+    if info.attention:
+        flops, shape = attention_shape(func, args, kwargs)
+        return c.attention(flops, read + written, shape, dtype), flops, read + written
+    flops = info.count(args, kwargs, out)
+    if info.matmul and outputs and flops:
+        a = args[1] if info.name in ("addmm", "baddbmm", "addbmm") else args[0]
+        tiles = matmul_tiles(outputs[0], a.shape[-1], c.sms) if c.sms else 0
+        return c.matmul(flops, read + written, tiles, dtype), flops, read + written
+    seconds = (read + written) / c.bandwidth
+    if flops:
+        seconds = max(seconds, flops / (c.peak(dtype) * c.efficiency))
+    return seconds, flops, read + written
 
 
 class OpInfo:
@@ -191,136 +223,31 @@ def _info(func) -> OpInfo:
     return info
 
 
-class Charges:
-    """The constants one cluster charges compute with (calibrated or roofline)."""
-
-    def __init__(self, cluster):
-        d, cal = cluster.device, cluster.calibrated
-        self.cluster = cluster
-        self.bandwidth = d.memory_bandwidth * (d.memory_efficiency if cal else 1.0)
-        self.efficiency = d.matmul_efficiency if cal else 1.0
-        self.sms = d.sms if cal else 0
-        self.kernel = d.kernel_seconds if cal else 0.0
-        self.launch = d.launch_seconds if cal and cluster.launch == "eager" else 0.0
-        self.optimizer = cluster.optimizer if cal else "as-run"
-        self.half = cluster.fp32 == "bf16"
-        self._rates: dict = {}
-
-    def rate(self, dtype) -> float:
-        rate = self._rates.get(dtype)
-        if rate is None:
-            rate = self._rates[dtype] = self.cluster.flops(dtype) * self.efficiency
-        return rate
-
-    def waves(self, tiles: int) -> float:
-        """The fraction of SM-time a kernel of ``tiles`` tiles keeps busy (1 in roofline)."""
-        if not self.sms or tiles <= 0:
-            return 1.0
-        return tiles / (-(-tiles // self.sms) * self.sms)
-
-    def nbytes(self, tensors, mixed: bool) -> float:
-        total = 0
-        for t in tensors:
-            n = tensor_bytes(t)
-            total += n // 2 if mixed and t.dtype == torch.float32 else n
-        return total
-
-    def cost(self, func, info: OpInfo, args, kwargs, out,
-             mixed: bool) -> tuple[float, float, float]:
-        """``(roofline seconds, flops, bytes)`` of one non-free operation (no kernel cost)."""
-        inputs = _tensors(args, [])
-        if info.write_only and inputs:
-            del inputs[0]                                 # written (an output), not read
-        if kwargs:
-            _tensors(kwargs.values(), inputs)
-        outputs = _tensors(out if isinstance(out, (list, tuple)) else (out,), [])
-        nbytes = self.nbytes(inputs, mixed) + self.nbytes(outputs, mixed)
-        if info.attention:
-            flops, tiles = attention_flops(func, args, kwargs)
-        else:
-            flops = info.count(args, kwargs, out)
-            tiles = 0
-            if info.matmul and outputs and self.sms:
-                a = args[1] if info.name in ("addmm", "baddbmm", "addbmm") else args[0]
-                tiles = matmul_tiles(outputs[0], a.shape[-1], self.sms)
-        ref = outputs[0] if outputs else (inputs[0] if inputs else None)
-        compute = 0.0
-        if flops:
-            compute = flops / (self.rate(ref.dtype if ref is not None else torch.float32)
-                               * self.waves(tiles))
-        return max(compute, nbytes / self.bandwidth), flops, nbytes
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes an operation touches reading or writing ``t`` (at most its storage)."""
+    nbytes = t.nbytes
+    if t.is_contiguous():
+        return nbytes
+    try:
+        return min(nbytes, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):      # tensors without storage
+        return nbytes
 
 
-def op_cost(func, args, kwargs, out, cluster) -> tuple[float, float, float]:
-    """``(seconds, flops, bytes)`` one executed operation is charged on ``cluster``'s device
-    (as one kernel outside an optimizer step)."""
-    info = _info(func)
-    if info.free:
-        return 0.0, 0.0, 0
-    charges = Charges(cluster)
-    seconds, flops, nbytes = charges.cost(func, info, args, kwargs or {}, out, charges.half)
-    return charges.kernel + seconds, flops, nbytes
+def _tensors(values, into: list) -> list:
+    """Append the tensors among ``values`` and inside the lists/tuples among them (one level)."""
+    for v in values:
+        if isinstance(v, _TENSOR):
+            into.append(v)
+        elif isinstance(v, (list, tuple)):
+            into.extend(x for x in v if isinstance(x, _TENSOR))
+    return into
 
 
-class ComputeMode(TorchDispatchMode):
-    """Charge each operation on ``clock``'s compute stream (while ``state.charging()``)."""
-
-    def __init__(self, clock, cluster, state):
-        super().__init__()
-        self.clock, self.state = clock, state
-        self.charges = Charges(cluster)
-        self._step = None               # inside optimizer.step(): what it ran, to fuse
-        self._hooks: list = []
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """False: torch would otherwise wrap ``__torch_dispatch__`` in ``torch._dynamo``'s
-        ``disable``, importing dynamo (seconds of CPU) in every rank on its first operation
-        and adding a call per operation. Nothing under the emulation is ``torch.compile``d."""
-        return False
-
-    def __enter__(self):
-        self._hooks = [register_optimizer_step_pre_hook(self._step_begins),
-                       register_optimizer_step_post_hook(self._step_ends)]
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        return super().__exit__(*exc)
-
-    def _step_begins(self, optimizer, args, kwargs):
-        if self.charges.optimizer != "as-run" and self.state.depth == 0:
-            self._step = {"seconds": 0.0, "flops": 0.0, "ops": set()}
-
-    def _step_ends(self, optimizer, args, kwargs):
-        """Charge the step as the GPU runs it: one foreach kernel per operation it ran (over
-        all parameters), or one fused kernel; the bytes and FLOPs of all of them."""
-        step, self._step = self._step, None
-        if not step or not step["ops"]:
-            return
-        kernels = 1 if self.charges.optimizer == "fused" else len(step["ops"])
-        c = self.charges
-        for _ in range(kernels):        # each kernel a share of the bytes and FLOPs
-            self.clock.launch(c.kernel + step["seconds"] / kernels, c.launch,
-                              step["flops"] / kernels)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        if self.state.depth == 0:                     # state.charging(), inlined: per op
-            info = _INFO.get(func) or _info(func)
-            step = self._step
-            if not info.free:
-                c = self.charges
-                seconds, flops, _ = c.cost(func, info, args, kwargs or {}, out,
-                                           c.half and step is None)
-                if step is not None:
-                    step["seconds"] += seconds
-                    step["flops"] += flops
-                    step["ops"].add(info.name)
-                else:
-                    self.clock.launch(c.kernel + seconds, c.launch, flops)
-            elif step is None and info.name == "_local_scalar_dense":
-                self.clock.catch_up()                 # .item(): the host waits for the GPU
-        return out
+def _nbytes(tensors, mixed: bool) -> float:
+    """Bytes of ``tensors``, an fp32 one at bf16's when ``mixed`` (as if mixed precision)."""
+    total = 0
+    for t in tensors:
+        n = tensor_bytes(t)
+        total += n // 2 if mixed and t.dtype == torch.float32 else n
+    return total

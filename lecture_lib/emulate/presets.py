@@ -1,9 +1,7 @@
-"""What is emulated: a device (its FLOP rates and memory bandwidth) and the links between devices.
+"""What is emulated: devices in nodes, the links between them, and how they are charged.
 
-A :class:`Device` is one accelerator: its datasheet peaks (the roofline of
-Williams, Waterman & Patterson 2009: ``F`` FLOPs and ``B`` bytes take
-``max(F / rate, B / memory_bandwidth)``) and what real kernels achieve of them
-(the calibrated charges of :mod:`.compute`). A :class:`Cluster` places devices
+A :class:`~.devices.Device` is one accelerator (:mod:`.devices`: its peaks
+and what real kernels achieve of them). A :class:`Cluster` places devices
 in nodes: ranks ``r // gpus_per_node`` share a node and talk over ``intra``
 (NVLink); ranks in different nodes talk over ``inter`` (InfiniBand). It says
 how it charges: ``charges="calibrated"`` (the default: per-kernel and launch
@@ -13,20 +11,14 @@ peaks, and each link the alpha-beta model of Hockney 1994, ``alpha + n /
 beta`` seconds for ``n`` bytes); ``launch`` (``"eager"`` or ``"graphs"``) and
 ``optimizer`` (``"foreach"``, ``"fused"``, ``"as-run"``) pick the GPU code path.
 
-The alpha-beta links and the 16-bit peak rates are the cost model's own
+The alpha-beta links (and the devices' 16-bit peaks) are the cost model's own
 (:mod:`lecture_lib.costmodel.comm`, :mod:`lecture_lib.costmodel.steptime`):
 one set of numbers, so under the roofline charges the emulation and the
 closed-form model disagree only where their *methods* differ. Only constants
 are shared; the emulation never calls a cost-model formula. The calibrated
 constants come from published measurements (:mod:`.published`), each named
-where it is set below. The datasheet constants, with their sources:
+where it is set below. The links' datasheet constants, with their sources:
 
-* H100 SXM: 989 TFLOP/s dense bf16/fp16 tensor core, 494 TFLOP/s dense TF32,
-  67 TFLOP/s fp32 (non tensor core), 3.35 TB/s HBM3 (NVIDIA H100 Tensor Core
-  GPU datasheet, SXM column; the datasheet's 1979/989 figures are "with
-  sparsity", half of them dense).
-* A100 SXM 80GB: 312 TFLOP/s dense bf16/fp16, 156 TFLOP/s dense TF32,
-  19.5 TFLOP/s fp32, 2.039 TB/s HBM2e (NVIDIA A100 Tensor Core GPU datasheet).
 * NVLink 4 (H100): 900 GB/s per GPU both ways = 450 GB/s each way (datasheet);
   the cost model takes the ~300 GB/s bus bandwidth NCCL reaches on 8 x H100,
   alpha = 3 us. NVLink 3 (A100): 600 GB/s both ways = 300 GB/s each way, taken
@@ -53,61 +45,13 @@ import torch
 from ..costmodel.comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link
 from ..costmodel.steptime import A100_CLUSTER, H100_CLUSTER
 from . import nccl, published
+from .devices import A100_SXM, H100_SXM, Device, positive
 from .nccl import Fabric
 
 FP32_MODES = ("bf16", "tf32", "fp32")
 CHARGES = ("calibrated", "roofline")
 LAUNCHES = ("eager", "graphs")
 OPTIMIZERS = ("foreach", "fused", "as-run")
-
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, not {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Device:
-    """One accelerator: dense FLOP/s by precision, memory bandwidth in bytes/s (datasheet),
-    and what real kernels achieve of them (the calibrated charges, :mod:`.compute`)."""
-    name: str
-    bf16_flops: float
-    tf32_flops: float
-    fp32_flops: float
-    memory_bandwidth: float
-    source: str = ""
-    sms: int = 1                        # streaming multiprocessors: a wave of matmul tiles
-    matmul_efficiency: float = 1.0      # best measured matmul rate / peak
-    memory_efficiency: float = 1.0      # measured HBM bandwidth / datasheet
-    kernel_seconds: float = 0.0         # the least time a kernel occupies the GPU
-    launch_seconds: float = 0.0         # host time to launch one operation, eager PyTorch
-
-    def __post_init__(self):
-        for key in ("bf16_flops", "tf32_flops", "fp32_flops", "memory_bandwidth",
-                    "matmul_efficiency", "memory_efficiency"):
-            _positive(f"{self.name}: {key}", getattr(self, key))
-        for key in ("matmul_efficiency", "memory_efficiency"):
-            if getattr(self, key) > 1:
-                raise ValueError(f"{self.name}: {key} is a fraction of the peak, <= 1")
-        for key in ("kernel_seconds", "launch_seconds"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not math.isfinite(value) or value < 0:
-                raise ValueError(f"{self.name}: {key} must be >= 0, not {value!r}")
-        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
-            raise ValueError(f"{self.name}: sms must be a whole number >= 1, not {self.sms!r}")
-
-
-def check_link(link: Link) -> Link:
-    """A link must have a latency >= 0 and a bandwidth > 0 (ValueError otherwise)."""
-    if not isinstance(link, Link):
-        raise TypeError(f"a link is a costmodel.Link, not {type(link).__name__}")
-    _positive(f"{link.name}: beta (bandwidth, bytes/s)", link.beta)
-    if not math.isfinite(link.alpha) or link.alpha < 0:
-        raise ValueError(f"{link.name}: alpha (latency, s) must be >= 0, not {link.alpha!r}")
-    return link
 
 
 @dataclass(frozen=True)
@@ -195,32 +139,14 @@ class Cluster:
                                      else self.inter_fabric)
 
 
-# What real kernels achieve (the calibrated charges). A matmul reaches at best the fraction
-# of the peak that cuBLASLt's best FP16 GEMM reaches on an A100 (256.5 of 312 TFLOP/s); no
-# H100 GEMM figure is among the anchors, so the H100 is taken to reach the same fraction.
-# Memory: the middle of the measured HBM ranges (A100 1.61-1.75 of 2.039 TB/s; H200
-# 4.0-4.5 of 4.8 TB/s, the fraction taken for the H100's HBM3 too). A kernel occupies the
-# GPU at least 2.5 us (launch latency to its first instruction, one wave and its tail: a
-# CUDA kernel's launch costs 4-6 us of host time back to back, of which the GPU sees about
-# half, NVIDIA's "Getting Started with CUDA Graphs" and pegainfer's launch-overhead
-# measurements); eager PyTorch spends 5 us of host time per operation (the runtime's launch
-# plus the dispatcher; PyTorch's operator micro-benchmarks time 3.3 us for a Python call of
-# an op that launches nothing). SMs: 132 (H100 SXM), 108 (A100) (the datasheets).
-MATMUL_EFFICIENCY = published.A100_GEMM_PEAK.value / 312e12
-KERNEL_SECONDS, LAUNCH_SECONDS = 2.5e-6, 5e-6
-
-H100_SXM = Device("H100 SXM", bf16_flops=H100_CLUSTER.peak_flops, tf32_flops=494e12,
-                  fp32_flops=67e12, memory_bandwidth=3.35e12,
-                  source="NVIDIA H100 Tensor Core GPU datasheet (SXM, dense)", sms=132,
-                  matmul_efficiency=MATMUL_EFFICIENCY,
-                  memory_efficiency=published.H200_HBM.value / 4.8e12,
-                  kernel_seconds=KERNEL_SECONDS, launch_seconds=LAUNCH_SECONDS)
-A100_SXM = Device("A100 SXM 80GB", bf16_flops=A100_CLUSTER.peak_flops, tf32_flops=156e12,
-                  fp32_flops=19.5e12, memory_bandwidth=2.039e12,
-                  source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB, dense)", sms=108,
-                  matmul_efficiency=MATMUL_EFFICIENCY,
-                  memory_efficiency=published.A100_HBM.value / 2.039e12,
-                  kernel_seconds=KERNEL_SECONDS, launch_seconds=LAUNCH_SECONDS)
+def check_link(link: Link) -> Link:
+    """A link must have a latency >= 0 and a bandwidth > 0 (ValueError otherwise)."""
+    if not isinstance(link, Link):
+        raise TypeError(f"a link is a costmodel.Link, not {type(link).__name__}")
+    positive(f"{link.name}: beta (bandwidth, bytes/s)", link.beta)
+    if not math.isfinite(link.alpha) or link.alpha < 0:
+        raise ValueError(f"{link.name}: alpha (latency, s) must be >= 0, not {link.alpha!r}")
+    return link
 
 
 def _fabrics() -> dict[str, Fabric]:

@@ -1,9 +1,9 @@
 """Published measurements of real GPUs: what the emulation is calibrated on and checked against.
 
 Each :class:`Anchor` is one published figure, with where it comes from. The
-emulation's constants (:mod:`.presets`, :mod:`.nccl`) are derived from *some* of
-them, named in ``FITTED`` below (two points of a curve fix its two constants);
-every other anchor is a check the emulation did not see. The course's
+emulation's constants (:mod:`.devices`, :mod:`.presets`, :mod:`.nccl`) are
+derived from *some* of them, named in ``FITTED`` below (two points of a curve
+fix its two constants); every other anchor is a check the emulation did not see. The course's
 calibration table (:mod:`lecture_lib.calibration.published`) sets each anchor
 beside what the emulation charges for it.
 
@@ -20,6 +20,18 @@ Sources
 * H200_HBM: H200 HBM3e measured at 4.0-4.5 TB/s of the 4.8 TB/s datasheet figure.
 * LLMC: llm.c's GPT-2 124M on 8 x H100 SXM, bf16, 64 x 1024 tokens per GPU,
   median 139 ms per step (KellerJordan/modded-nanogpt, records/101324_llmc).
+* XLA_SM90: XLA's GPU cost-model table of measured GEMMs (openxla/xla,
+  ``xla/service/gpu/model/matmul_interpolator_data.h`` at commit b2766086ecf9,
+  entries ``sm_90``, ``bf16xbf16->bf16``): the FLOP/s of one ``b x (m x k) @
+  (k x n)`` matmul on an H100 SXM, from CUPTI kernel durations (median of 5 runs).
+* FA3_PAPER: Shah et al. 2024, "FlashAttention-3" (arXiv 2407.08608), Fig. 5
+  (forward) and Fig. 6 (backward): the FlashAttention-2 bars, H100 80GB SXM5,
+  FP16, batch x sequence = 16k tokens, hidden size 2048 (2048 / head dim heads);
+  FLOPs as torch's SDPA formulas count them, halved with the causal mask.
+* FA2_PAPER: Dao 2023, "FlashAttention-2" (arXiv 2307.08691), Fig. 4: forward
+  + backward, A100 80GB SXM4, the same shapes and FLOPs.
+* FA2_H100: the same figure measured on an H100 80GB SXM5 (the FlashAttention
+  repository, Dao-AILab/flash-attention, ``assets/flash2_h100_fwd_bwd_benchmark.png``).
 """
 from __future__ import annotations
 
@@ -38,6 +50,7 @@ class Anchor:
     value: float          # in ``unit``
     unit: str
     source: str
+    shape: tuple = ()     # a GEMM's (b, m, n, k); an attention's (pass, head dim, tokens, causal)
 
 
 def _allreduce(system: str, source: str, points) -> list[Anchor]:
@@ -66,11 +79,60 @@ H200_HBM = Anchor("H200 HBM", "HBM3e bandwidth measured (4.0-4.5 TB/s; the middl
 LLMC_STEP = Anchor("llm.c GPT-2 124M step", "GPT-2 124M, 8 x H100, bf16, 64 x 1024 tokens "
                    "per GPU: seconds per step", 124e6, 0.139, "s", "LLMC")
 
+
+def _gemms(points) -> list[Anchor]:
+    """H100 GEMMs ``(b, m, n, k, TFLOP/s)`` of XLA's table."""
+    anchors = []
+    for b, m, n, k, tflops in points:
+        batch = "" if b == 1 else f"{b} x "
+        anchors.append(Anchor(f"H100 GEMM {batch}{m}x{n}x{k}", "bf16 matmul b x (m x k) @ "
+                              "(k x n), XLA's measured table", 2.0 * b * m * n * k,
+                              tflops * 1e12, "FLOP/s", "XLA_SM90", (b, m, n, k)))
+    return anchors
+
+
+H100_GEMMS = _gemms([(1, 4096, 4096, 4096, 783.33), (1, 256, 2048, 256, 41.84),
+                     (1, 2048, 2048, 2048, 631.98), (1, 1024, 2048, 2048, 524.29),
+                     (1, 1024, 1024, 1024, 236.30), (4, 1024, 1024, 1024, 499.41),
+                     (1, 4096, 4096, 1024, 677.44)])
+
+
+def _attention(system: str, pass_: str, source: str, points) -> list[Anchor]:
+    """FlashAttention-2 rates ``(head dim, tokens, causal, TFLOP/s)`` of one figure."""
+    anchors = []
+    for d, tokens, causal, tflops in points:
+        length = f"{tokens // 1024}k" if tokens >= 1024 else str(tokens)
+        mask = ", causal" if causal else ""
+        anchors.append(Anchor(f"{system} FA2 {pass_} d{d} {'causal ' * causal}{length}",
+                              f"FlashAttention-2 {pass_}, head dim {d}, {tokens} tokens{mask}",
+                              tokens, tflops * 1e12, "FLOP/s", source, (pass_, d, tokens, causal)))
+    return anchors
+
+
+K16 = 16384           # the longest sequence the flash-attention figures measure
+H100_FA2_FORWARD = _attention("H100", "forward", "FA3_PAPER", [
+    (128, 512, False, 309), (128, K16, False, 370), (64, K16, False, 324), (256, K16, False, 326),
+    (128, K16, True, 335), (128, 4096, False, 368), (64, 2048, True, 262),
+    (128, 1024, True, 260), (256, 4096, True, 293)])
+H100_FA2_BACKWARD = _attention("H100", "backward", "FA3_PAPER", [
+    (128, 512, False, 214), (128, K16, False, 322), (64, K16, False, 291), (64, 2048, False, 264),
+    (128, 4096, False, 310)])
+A100_FA2 = _attention("A100", "fwd+bwd", "FA2_PAPER", [
+    (128, K16, False, 203), (64, 2048, False, 162), (64, 1024, True, 119), (128, 4096, True, 173)])
+H100_FA2 = _attention("H100", "fwd+bwd", "FA2_H100", [(128, 1024, False, 294),
+                                                       (64, 2048, True, 232)])
+
+
 # The anchors the emulation's constants are derived from (each curve's two ends; the
-# device efficiencies from the best measured rates). Everything else is a check.
+# device efficiencies from the best measured rates). Everything else is a check. The
+# H100's GEMMs: the largest sets the efficiency, the smallest a matmul's fill. Attention:
+# per pass, the longest sequence sets each head dimension's share and the shortest the fill;
+# the causal one the mask's factor; the A100's forward + backward its share of the H100's.
 FITTED = {a.key for a in (H200_ALLREDUCE[0], H200_ALLREDUCE[-1], A100_ALLREDUCE[0],
                           A100_ALLREDUCE[-1], H100_RING_1GB, NDR_NIC, A100_GEMM_PEAK,
-                          A100_HBM, H200_HBM)}
+                          A100_HBM, H200_HBM, *H100_GEMMS[:2], *H100_FA2_FORWARD[:5],
+                          *H100_FA2_BACKWARD[:3], A100_FA2[0])}
 
 ANCHORS = [*H200_ALLREDUCE, *A100_ALLREDUCE, H100_RING_1GB, NDR_NIC, A100_GEMM_PEAK,
-           A100_GEMM_1024, A100_HBM, H200_HBM, LLMC_STEP]
+           A100_GEMM_1024, *H100_GEMMS, A100_HBM, H200_HBM, *H100_FA2_FORWARD,
+           *H100_FA2_BACKWARD, *A100_FA2, *H100_FA2, LLMC_STEP]
