@@ -14,6 +14,7 @@ The sequence-parallel variants are in :mod:`.sequence_parallel`.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 import torch.nn as nn
@@ -98,7 +99,10 @@ def check_block_split(cfg: models.GPTConfig, tp: int, sequence_parallel: bool = 
 
 def replicated(module: nn.Module) -> nn.Module:
     """A copy of ``module`` on every rank (layer norms, position embedding)."""
-    out, device = copy.deepcopy(module), rank_device()
+    with warnings.catch_warnings():     # torch warns when a dry run's fake module is copied
+        warnings.filterwarnings("ignore", "Accessing the data pointer of FakeTensor")
+        out = copy.deepcopy(module)
+    device = rank_device()
     if any(p.device != device for p in out.parameters()):   # (moving a fake module fails)
         out = out.to(device)
     for p in out.parameters():
