@@ -1,7 +1,7 @@
-"""The profiling notebook's hand calculations: shares of a step and the rules of thumb, the GPipe
-bound on a stage's busy share, what summed gradients do to SGD, and a step's buckets on the
-communication stream (in flight against exposed: smaller messages take longer in all, yet the step
-is shorter; and what if the link is slower)."""
+"""The profiling notebook's hand calculations: shares of a step and the rules of thumb (the
+communication rule reads the *exposed* share), the GPipe bound on a stage's busy share, what summed
+gradients do to SGD, and a step's buckets on the communication stream (in flight against exposed:
+smaller messages take longer in all, yet the step is shorter; and what if the link is slower)."""
 from __future__ import annotations
 
 from ..costmodel import pipeline_bubble
@@ -16,12 +16,16 @@ FLAT_MS, BUCKET_MS, SLOW_BUCKET_MS = 60.0, 20.0, 25.0   # 4 x 20 ms > 60 ms: sma
 
 
 def q1() -> list[str]:
-    """Compute 120 ms, an all-reduce of 60 ms of which 40 ms hide behind backward."""
+    """Compute 120 ms, an all-reduce of 60 ms of which 40 ms hide behind backward: step, share
+    in flight, busy share, exposed share. Neither rule fires on the exposed share; a rule read on
+    the share in flight would."""
     step = COMPUTE_MS + ALLREDUCE_MS - HIDDEN_MS
-    d = diagnose(ALLREDUCE_MS / step, COMPUTE_MS / step, comm_kinds={"all_reduce"})
-    assert d.comm_bound and not d.underused
-    return [fmt(step, "ms"), fmt(100 * d.comm_share, "%"), fmt(100 * d.busy_share, "%"),
-            fmt(100 * (ALLREDUCE_MS - HIDDEN_MS) / step, "%")]
+    exposed, in_flight = (ALLREDUCE_MS - HIDDEN_MS) / step, ALLREDUCE_MS / step
+    d = diagnose(exposed, COMPUTE_MS / step, comm_kinds={"all_reduce"})
+    assert not d.comm_bound and not d.underused
+    assert diagnose(in_flight, COMPUTE_MS / step, comm_kinds={"all_reduce"}).comm_bound
+    return [fmt(step, "ms"), fmt(100 * in_flight, "%"), fmt(100 * d.busy_share, "%"),
+            fmt(100 * exposed, "%")]
 
 
 def q2() -> list[str]:
@@ -57,7 +61,10 @@ def q5() -> list[str]:
     step, flight, exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, BUCKET_MS)
     assert flight > FLAT_MS and step < flat and flight / step > FLAT_MS / flat
     assert exposed == BUCKET_MS                                # only the last bucket is exposed
-    for comm, total in ((FLAT_MS, flat), (flight, step)):     # the rule fires on both
+    rule = [diagnose(e / total, compute / total, comm_kinds={"all_reduce"}).comm_bound
+            for e, total in ((FLAT_MS, flat), (exposed, step))]
+    assert rule == [True, False]                               # on the exposed share: flat only
+    for comm, total in ((FLAT_MS, flat), (flight, step)):     # on the share in flight: both
         assert diagnose(comm / total, compute / total, comm_kinds={"all_reduce"}).comm_bound
     slow, _, slow_exposed = bucketed_step(FORWARD_MS, BACKWARD_MS, BUCKETS, SLOW_BUCKET_MS)
     assert slow_exposed > SLOW_BUCKET_MS                       # more than the last bucket
