@@ -63,7 +63,12 @@ def _links(ax, send, p, reverse: bool) -> list[tuple[int, int, int]]:
             ax.annotate("", (b, -s if not reverse else -r), (a, -r if not reverse else -s),
                         arrowprops={"arrowstyle": "->", "lw": 0.6 + 0.6 * n,
                                     "color": RANK_COLORS[r % 8], "alpha": 0.8})
-            ax.text(0.25 if not reverse else 0.75, -(r + (s - r) * 0.25), str(n), fontsize=8,
+            along = 0.76                # the count sits near the receiver, off the crossings
+            if reverse:
+                x, y = 1 - along, -(s + (r - s) * along)
+            else:
+                x, y = along, -(r + (s - r) * along)
+            ax.text(x, y, str(n), fontsize=8,
                     ha="center", va="center", color=RANK_COLORS[r % 8],
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
             drawn.append((r, s, n))
