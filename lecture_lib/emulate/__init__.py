@@ -7,8 +7,8 @@ stream and communication stream (:mod:`.clock`). Each operation is charged
 what the chosen device would take (:mod:`.compute`, :mod:`.kernels`): one kernel
 at the rates real kernels achieve (matmuls by shape, attention at FlashAttention-2's
 measured rates), with its fixed cost and the host's launch, the optimizer as the GPU's
-foreach or fused kernels; the devices and their fitted constants are in :mod:`.devices`. Each message
-by NCCL's algorithm and protocol for its size (:mod:`.nccl`, :mod:`.comm`,
+foreach or fused kernels; the devices and their fitted constants are in :mod:`.devices`.
+Each message by NCCL's algorithm and protocol for its size (:mod:`.nccl`, :mod:`.comm`,
 :mod:`.p2p`). Every constant is sourced, and checked against published GPU
 measurements (:mod:`.published`, :mod:`lecture_lib.calibration.published`);
 ``charges="roofline"`` keeps the idealised model (datasheet peaks, alpha-beta

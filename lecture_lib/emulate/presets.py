@@ -112,10 +112,15 @@ class Cluster:
 
     def label(self) -> str:
         """E.g. "H100 + NVLink", with the charges named where they are not the default:
-        "H100 + NVLink, CUDA graphs", "H100 + NVLink, roofline"."""
+        "H100 + NVLink, CUDA graphs", "H100 + NVLink, roofline"; a node preset cut into
+        smaller nodes says so: "H100 + NVLink (nodes of 4 GPUs, InfiniBand between them)"."""
         notes = ["roofline" if not self.calibrated else None,
                  "CUDA graphs" if self.calibrated and self.launch == "graphs" else None]
-        return ", ".join([self.short or self.name] + [n for n in notes if n])
+        name = self.short or self.name
+        if "InfiniBand" not in name and self.gpus_per_node != 8:    # a node preset, re-cut
+            name += f" (nodes of {self.gpus_per_node} GPU{'s' * (self.gpus_per_node > 1)}, " \
+                    "InfiniBand between them)"
+        return ", ".join([name] + [n for n in notes if n])
 
     def collective_seconds(self, kind: str, nbytes: float, ranks) -> float:
         """Seconds of one collective of ``kind`` over these global ranks: NCCL's fastest
