@@ -22,7 +22,7 @@ from lecture_lib import models, pipeline, profiling
 from lecture_lib.bandwidth import bandwidth_sweep
 from lecture_lib.collectives import ring_all_reduce
 from lecture_lib.context_parallel.experiments import compare_attention
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 from lecture_lib.expert_parallel import MoELayer
 from lecture_lib.hybrid import merge_ranks, train_on_rank
 from lecture_lib.pipeline import experiments as ppx
@@ -62,9 +62,9 @@ def check_collectives(world, backend):
 
 
 def check_hybrid(world, backend):
-    par = ParallelDims(dp=world, microbatches=2, zero_stage=int(world > 1))
-    out = launch.run(train_on_rank, world, CFG, par, 8, 3, 0.1, 0, 0, "sgd", backend=backend,
-                     timeout=300)
+    par, recipe = ParallelDims(dp=world), Recipe(microbatches=2, zero_stage=int(world > 1))
+    out = launch.run(train_on_rank, world, CFG, par, recipe, 8, 3, 0.1, 0, 0, "sgd",
+                     backend=backend, timeout=300)
     models.assert_same_training(merge_ranks(out, par), _reference(3, 8), rtol=1e-4, atol=1e-5)
     return "equal to one process (SGD, rtol 1e-4)"
 

@@ -10,7 +10,7 @@ from lecture_lib import calibration, emulate
 from lecture_lib.calibration import model_vs_emulation as emulated_calibration
 from lecture_lib.costmodel.comm import Link
 from lecture_lib.costmodel.steptime import training_flops
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 from lecture_lib.models import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=2)
@@ -45,7 +45,7 @@ def test_end_to_end_small():
         except ValueError as e:
             assert "inconsistent timings" in str(e) and attempt < 2, e
     assert rate > 0 and overhead >= 0 and min(seconds) > 0
-    layouts = [ParallelDims(), ParallelDims(dp=2)]
+    layouts = [(ParallelDims(), Recipe()), (ParallelDims(dp=2), Recipe())]
     rows = calibration.predict_vs_measured(TINY, layouts, 8, rate, overhead, link, steps=2)
     assert [r["config"] for r in rows] == layouts
     assert all(r["predicted"] > 0 and r["measured"] > 0 for r in rows)
@@ -57,8 +57,8 @@ def test_fit_reproduces_the_runs_it_was_fitted_to(one, many):
     fit = calibration.fit_compute(TINY, 8, 4, one, many)
     assert fit.seconds == (one, many) and fit.rate > 0
     for m, seconds in ((1, one), (4, many)):
-        got = calibration.predict(TINY, ParallelDims(microbatches=m), 8, fit.rate, fit.overhead,
-                                  link).total
+        got = calibration.predict(TINY, ParallelDims(), Recipe(microbatches=m), 8, fit.rate,
+                                  fit.overhead, link).total
         assert got == pytest.approx(seconds, rel=1e-12)
 
 
@@ -91,10 +91,12 @@ EMU_SMALL = GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_heads=4, n_layer
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"configs": [ParallelDims(tp=3)]}, ValueError, "tensor-parallel|divisible|divide"),
-    ({"configs": [ParallelDims(pp=3, microbatches=2)]}, ValueError, "stage|layers|divide"),
-    ({"configs": [ParallelDims(dp=3)]}, ValueError, "split over dp"),
-    ({"configs": [(1, 1)]}, TypeError, "a configuration is a ParallelDims"),
+    ({"configs": [(ParallelDims(tp=3), Recipe())]}, ValueError,
+     "tensor-parallel|divisible|divide"),
+    ({"configs": [(ParallelDims(pp=3), Recipe(microbatches=2))]}, ValueError,
+     "stage|layers|divide"),
+    ({"configs": [(ParallelDims(dp=3), Recipe())]}, ValueError, "split over dp"),
+    ({"configs": [(1, 1)]}, TypeError, r"a configuration is a \(ParallelDims, Recipe\)"),
     ({"configs": []}, ValueError, "no configuration"),
     ({"steps": 0}, ValueError, "steps"),
     ({"optimizer": "lamb"}, ValueError, "optimizer"),
@@ -106,7 +108,8 @@ def test_emulated_comparison_rejects_bad_input_before_any_process(monkeypatch, k
     def no_launch(*args, **kw):
         raise AssertionError("a process was started")
     monkeypatch.setattr(lecture_lib.runtime.launch, "run", no_launch)
-    args = {"cfg": EMU_SMALL, "configs": [ParallelDims()], "batch_size": 8, **kwargs}
+    args = {"cfg": EMU_SMALL, "configs": [(ParallelDims(), Recipe())], "batch_size": 8,
+            **kwargs}
     with pytest.raises(error, match=match):
         emulated_calibration.predict_vs_emulated(**args)
 
@@ -136,10 +139,11 @@ def test_neither_side_imports_the_other():
 def test_prediction_is_close_to_the_emulated_step():
     """Deterministic (virtual time): 2 ranks as dp=2 and as tp=2; and the first step is
     charged what the second is (SGD creates no state), so one step per configuration does."""
-    rows = emulated_calibration.predict_vs_emulated(EMU_SMALL, [ParallelDims(dp=2),
-                                                               ParallelDims(tp=2)], 8)
+    rows = emulated_calibration.predict_vs_emulated(
+        EMU_SMALL, [(ParallelDims(dp=2), Recipe()), (ParallelDims(tp=2), Recipe())], 8)
     for row in rows:
         assert row["predicted"] > 0 and row["emulated"] > 0
         assert abs(row["error"]) < 0.1, row
-    second = emulated_calibration.emulated_step(EMU_SMALL, ParallelDims(dp=2), 8, steps=2)
+    second = emulated_calibration.emulated_step(EMU_SMALL, ParallelDims(dp=2), Recipe(), 8,
+                                                steps=2)
     assert second["seconds"] == pytest.approx(rows[0]["emulated"], rel=1e-2)

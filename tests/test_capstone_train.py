@@ -25,8 +25,9 @@ from lecture_lib import metrics
 from lecture_lib.capstone import checkpoint, cli, elastic
 from lecture_lib.capstone.cli import main as cli_main
 from lecture_lib.capstone.loader import TokenLoader
-from lecture_lib.capstone.train import TrainConfig, check_config, non_embedding_params, train
-from lecture_lib.dims import ParallelDims
+from lecture_lib.capstone.report import non_embedding_params
+from lecture_lib.capstone.train import TrainConfig, check_config, train
+from lecture_lib.dims import ParallelDims, Recipe
 from lecture_lib.models import GPT, GPTConfig, train_reference
 from lecture_lib.runtime import launch
 
@@ -39,7 +40,7 @@ RUNS = {                                             # name -> layout and option
     "ddp": dict(strategy="ddp", dims=DP2), "zero1": dict(strategy="zero1", dims=DP2),
     "zero2": dict(strategy="zero2", dims=DP2), "fsdp": dict(strategy="fsdp", dims=DP2),
     "tp": dict(strategy="tp", dims=ParallelDims(tp=2)),
-    "pp": dict(strategy="pp", dims=ParallelDims(pp=2, microbatches=2)),
+    "pp": dict(strategy="pp", dims=ParallelDims(pp=2), recipe=Recipe(microbatches=2)),
     "cp": dict(strategy="cp", dims=ParallelDims(cp=2)),
     "3d": dict(strategy="3d", dims=ParallelDims(dp=2, tp=2)),
     "fsdp4": dict(strategy="fsdp", dims=ParallelDims(dp=4)),

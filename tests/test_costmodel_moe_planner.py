@@ -23,7 +23,7 @@ from lecture_lib.costmodel.planner import (
     plan_expert_parallel,
 )
 from lecture_lib.costmodel.steptime import Cluster, Parallelism, step_time
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 
 # a tiny model whose every number is worked by hand below
 TINY = TransformerShape("tiny", layers=2, hidden=4, heads=2, vocab=8, seq_len=4, num_params=1000)
@@ -31,7 +31,7 @@ TINY_MOE = MoESpec(num_experts=4, k=2, d_ff=8)
 INTRA, INTER = Link("intra", 1e-3, 1e5), Link("inter", 1e-3, 1e4)
 TOY = Cluster("2 nodes x 2", nodes=2, gpus_per_node=2, peak_flops=1e6, memory_bytes=1e12,
               intra=INTRA, inter=INTER, efficiency=0.5)
-DP4 = Parallelism(ParallelDims(dp=4, microbatch_size=1))
+DP4 = Parallelism(ParallelDims(dp=4), Recipe(microbatch_size=1))
 
 # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088, Table 1) on Mistral 7B's shape
 H, L, F, V = 4096, 32, 14336, 32000
@@ -130,7 +130,7 @@ def test_larger_ep_lowers_expert_memory():
 
 
 def test_all_to_all_slows_when_the_ep_group_leaves_the_node():
-    par = Parallelism(ParallelDims(dp=64, microbatch_size=1, zero_stage=1))
+    par = Parallelism(ParallelDims(dp=64), Recipe(microbatch_size=1, zero_stage=1))
     _, inside, links_in = expert_parallel_step(MISTRAL, MIXTRAL, 8, par, H100_CLUSTER, 512)
     half_nodes = replace(H100_CLUSTER, gpus_per_node=4, nodes=256)
     _, across, links_out = expert_parallel_step(MISTRAL, MIXTRAL, 8, par, half_nodes, 512)
@@ -138,7 +138,8 @@ def test_all_to_all_slows_when_the_ep_group_leaves_the_node():
     assert links_out["all-to-all"] == H100_CLUSTER.inter.name
     assert across > 5 * inside                       # 300 GB/s NVLink against 45 GB/s NDR
     # and placing tp inside the node first pushes an ep group of 8 x tp 2 across nodes
-    tp2 = Parallelism(ParallelDims(dp=32, tp=2, microbatch_size=1, zero_stage=1), inner="tp")
+    tp2 = Parallelism(ParallelDims(dp=32, tp=2), Recipe(microbatch_size=1, zero_stage=1),
+                      inner="tp")
     assert expert_parallel_step(MISTRAL, MIXTRAL, 8, tp2, H100_CLUSTER, 512)[2]["all-to-all"] \
         == H100_CLUSTER.inter.name
 

@@ -5,7 +5,8 @@ import pytest
 
 from lecture_lib.costmodel import PRESETS, pipeline_bubble, traffic
 from lecture_lib.costmodel.comm import Link, collective_time
-from lecture_lib.costmodel.planner import candidates, explain, plan, rank_of
+from lecture_lib.costmodel.planner import explain, plan, rank_of
+from lecture_lib.costmodel.search_space import candidates
 from lecture_lib.costmodel.steptime import (
     A100_CLUSTER,
     Cluster,
@@ -15,10 +16,10 @@ from lecture_lib.costmodel.steptime import (
     step_time,
     training_flops,
 )
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 
 GPT3 = PRESETS["GPT-3 175B"]
-LECTURE = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1, zero_stage=1),
+LECTURE = Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(microbatch_size=1, zero_stage=1),
                       recompute="full")
 
 
@@ -27,7 +28,7 @@ def test_placement_decides_the_link():
     assert group_link(LECTURE, "tp", c) is c.intra            # tp innermost: 8 ranks, one node
     assert group_link(LECTURE, "pp", c) is c.inter
     assert group_link(LECTURE, "dp", c) is c.inter
-    dp_inner = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1), inner="dp")
+    dp_inner = Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(microbatch_size=1), inner="dp")
     assert group_link(dp_inner, "dp", c) is c.intra and group_link(dp_inner, "tp", c) is c.inter
     assert group_link(Parallelism(ParallelDims(dp=1, tp=8)), "dp", c) is None
 
@@ -53,9 +54,10 @@ def test_tensor_parallel_across_nodes_is_much_slower():
 
 
 def test_more_devices_less_compute_per_device():
-    one = step_time(GPT3, Parallelism(ParallelDims(dp=1, tp=8, pp=16, microbatch_size=1)),
+    one_by_one = Recipe(microbatch_size=1)
+    one = step_time(GPT3, Parallelism(ParallelDims(dp=1, tp=8, pp=16), one_by_one),
                     A100_CLUSTER, 1536)
-    eight = step_time(GPT3, Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1)),
+    eight = step_time(GPT3, Parallelism(ParallelDims(dp=8, tp=8, pp=16), one_by_one),
                       A100_CLUSTER, 1536)
     assert one.compute == pytest.approx(8 * eight.compute)
 
@@ -81,12 +83,12 @@ def test_candidates_respect_divisibility():
     for par in candidates(GPT3, 64, 512):
         d = par.dims
         assert par.devices == 64 and 96 % d.pp == 0 and 96 % d.tp == 0
-        assert 512 % (d.dp * d.microbatch_size) == 0
+        assert 512 % (d.dp * par.recipe.microbatch_size) == 0
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="not a whole number of micro-batches"):
-        microbatches(100, Parallelism(ParallelDims(dp=8, microbatch_size=1)))
+        microbatches(100, Parallelism(ParallelDims(dp=8), Recipe(microbatch_size=1)))
     with pytest.raises(ValueError, match="no configuration"):
         plan(GPT3, Cluster("tiny", 1, 8, 1e15, 16e9, Link("a", 1e-6, 1e11),
                            Link("b", 1e-5, 1e10)), 1536)

@@ -17,7 +17,7 @@ from lecture_lib import data_parallel as DP
 from lecture_lib import emulate, metrics
 from lecture_lib import tensor_parallel as TP
 from lecture_lib.costmodel.comm import Link
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 from lecture_lib.emulate.session import user_code
 from lecture_lib.expert_parallel import MoEConfig
 from lecture_lib.expert_parallel.experiments import train_moe
@@ -261,7 +261,7 @@ def _expert_parallel():
 
 
 def _hybrid():
-    result = train_on_rank(CFG, ParallelDims(tp=2, pp=2, microbatches=2), 8, steps=2)
+    result = train_on_rank(CFG, ParallelDims(tp=2, pp=2), Recipe(microbatches=2), 8, steps=2)
     return result["losses"] + list(result["params"].values())
 
 

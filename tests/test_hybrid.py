@@ -1,9 +1,21 @@
-"""3-D parallelism equals one process; bad grids fail before any process starts."""
+"""3-D parallelism equals one process; bad grids fail before any process starts; the dry run
+times its step exactly as the emulated real run does, and runs real sizes."""
+import inspect
+
 import pytest
 
-from lecture_lib.dims import ParallelDims
-from lecture_lib.hybrid import check_hybrid, train_hybrid
-from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
+import lecture_lib
+from lecture_lib.dims import ParallelDims, Recipe
+from lecture_lib.hybrid import check_hybrid, time_at_scale, train_hybrid
+from lecture_lib.hybrid.experiments import same_clock_real_and_dry
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    assert_same_training,
+    real_size,
+    train_reference,
+)
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=4, n_layers=4)
 BATCH, STEPS = 8, 3
@@ -21,14 +33,15 @@ GRIDS = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2)]
 @pytest.mark.parametrize("zero_stage", [0, 1], ids=["adamw", "zero1"])
 def test_equal_to_one_process(dims, zero_stage):
     dp, tp, pp = dims
-    par = ParallelDims(dp=dp, tp=tp, pp=pp, microbatches=2, zero_stage=zero_stage)
+    par, recipe = ParallelDims(dp=dp, tp=tp, pp=pp), Recipe(microbatches=2, zero_stage=zero_stage)
     # SGD: updates are proportional to gradients, so rtol 1e-4 holds for every parameter.
-    got, results = train_hybrid(CFG, par, BATCH, STEPS, lr=0.1, optimizer="sgd", timeout=180)
+    got, results = train_hybrid(CFG, par, recipe, BATCH, STEPS, lr=0.1, optimizer="sgd",
+                                timeout=180)
     assert_same_training(got, _reference("sgd", 0.1), rtol=1e-4, atol=1e-6)
     # AdamW: losses within rtol 1e-4; parameters within atol 1e-4, because the key bias has a
     # gradient that is zero in exact arithmetic (softmax ignores a shift shared by all keys),
     # and Adam turns the ~1e-9 rounding noise there into steps of size lr.
-    got, _ = train_hybrid(CFG, par, BATCH, STEPS, lr=1e-2, timeout=180)
+    got, _ = train_hybrid(CFG, par, recipe, BATCH, STEPS, lr=1e-2, timeout=180)
     assert_same_training(got, _reference("adamw", 1e-2), rtol=1e-4, atol=1e-4)
     _step_is_its_timed_phases(results)
 
@@ -45,74 +58,110 @@ def _step_is_its_timed_phases(results):
         assert all(v > 0 for v in r["step_seconds"].values())
 
 
-@pytest.mark.parametrize("par, batch, match", [
-    (ParallelDims(dp=2, tp=3), 8, "not divisible by tensor-parallel size 3"),
-    (ParallelDims(pp=3), 8, "do not split evenly into 3 stages"),
-    (ParallelDims(dp=3), 8, "does not split over dp=3"),
-    (ParallelDims(pp=2, microbatches=3), 8, "does not divide into 3"),
+@pytest.mark.parametrize("par, recipe, batch, match", [
+    (ParallelDims(dp=2, tp=3), Recipe(), 8, "not divisible by tensor-parallel size 3"),
+    (ParallelDims(pp=3), Recipe(), 8, "do not split evenly into 3 stages"),
+    (ParallelDims(dp=3), Recipe(), 8, "does not split over dp=3"),
+    (ParallelDims(pp=2), Recipe(microbatches=3), 8, "does not divide into 3"),
 ])
-def test_bad_configurations(par, batch, match):
+def test_bad_configurations(par, recipe, batch, match):
     with pytest.raises(ValueError, match=match):
-        check_hybrid(CFG, par, batch)
+        check_hybrid(CFG, par, recipe, batch)
 
 
 def test_grid_must_match_world_size():
     with pytest.raises(ValueError, match="has 4 ranks but world_size is 8"):
-        check_hybrid(CFG, ParallelDims(dp=2, tp=2), 8, world_size=8)
+        check_hybrid(CFG, ParallelDims(dp=2, tp=2), Recipe(), 8, world_size=8)
 
 
-CP_GRIDS = [ParallelDims(dp=2, cp=2, microbatches=2),
-            ParallelDims(dp=2, tp=2, cp=2, microbatches=2),
-            ParallelDims(pp=2, cp=2, microbatches=2, cp_layout="contiguous"),
-            ParallelDims(tp=2, cp=2, cp_method="ulysses", cp_layout="contiguous")]
+CP_GRIDS = [(ParallelDims(dp=2, cp=2), Recipe(microbatches=2)),
+            (ParallelDims(dp=2, tp=2, cp=2), Recipe(microbatches=2)),
+            (ParallelDims(pp=2, cp=2), Recipe(microbatches=2, cp_layout="contiguous")),
+            (ParallelDims(tp=2, cp=2), Recipe(cp_method="ulysses", cp_layout="contiguous"))]
 
 
-@pytest.mark.parametrize("par", CP_GRIDS, ids=lambda p: "dp%d-tp%d-pp%d-cp%d-%s-%s" % (
-    p.dp, p.tp, p.pp, p.cp, p.cp_method, p.cp_layout))
-def test_context_parallel_axis_equals_one_process(par):
+@pytest.mark.parametrize("par, recipe", CP_GRIDS, ids=["dp2-cp2", "dp2-tp2-cp2",
+                                                         "pp2-cp2-contiguous", "tp2-cp2-ulysses"])
+def test_context_parallel_axis_equals_one_process(par, recipe):
     # SGD: rtol 1e-4 as above; the cp gradients are averaged over the cp group, then over dp
-    got, results = train_hybrid(CFG, par, BATCH, STEPS, lr=0.1, optimizer="sgd", timeout=180)
+    got, results = train_hybrid(CFG, par, recipe, BATCH, STEPS, lr=0.1, optimizer="sgd",
+                                timeout=180)
     assert_same_training(got, _reference("sgd", 0.1), rtol=1e-4, atol=1e-6)
     assert {r["coords"]["cp"] for r in results} == {0, 1}
 
 
 def test_context_parallel_with_zero1_and_adamw():
-    par = ParallelDims(dp=2, cp=2, zero_stage=1)
-    got, _ = train_hybrid(CFG, par, BATCH, STEPS, lr=1e-2, timeout=180)
+    got, _ = train_hybrid(CFG, ParallelDims(dp=2, cp=2), Recipe(zero_stage=1), BATCH, STEPS,
+                          lr=1e-2, timeout=180)
     assert_same_training(got, _reference("adamw", 1e-2), rtol=1e-4, atol=1e-4)  # as above
 
 
-@pytest.mark.parametrize("par, seq_len, match", [
-    (ParallelDims(cp=3), 16, "not divisible by 6"),
-    (ParallelDims(cp=4, cp_layout="zigzag"), 12, "not divisible by 8"),
-    (ParallelDims(tp=2, cp=4, cp_method="ulysses", cp_layout="contiguous"), 16,
+@pytest.mark.parametrize("par, recipe, seq_len, match", [
+    (ParallelDims(cp=3), Recipe(), 16, "not divisible by 6"),
+    (ParallelDims(cp=4), Recipe(cp_layout="zigzag"), 12, "not divisible by 8"),
+    (ParallelDims(tp=2, cp=4), Recipe(cp_method="ulysses", cp_layout="contiguous"), 16,
      "heads divisible by cp"),
 ])
-def test_bad_context_parallel_configurations(par, seq_len, match):
+def test_bad_context_parallel_configurations(par, recipe, seq_len, match):
     cfg = GPTConfig(vocab_size=32, seq_len=seq_len, d_model=32, n_heads=4, n_layers=4)
     with pytest.raises(ValueError, match=match):
-        check_hybrid(cfg, par, 8)
+        check_hybrid(cfg, par, recipe, 8)
 
 
 def test_hybrid_uses_the_models_optimizers():
     import lecture_lib.hybrid as hybrid  # noqa: PLC0415  (the module, to look for a removed name)
     assert not hasattr(hybrid, "OPTIMIZERS")
+    assert "torch.zeros(1" not in inspect.getsource(hybrid.gpt)          # no dummy optimizer
     with pytest.raises(ValueError, match="optimizer must be"):
-        train_hybrid(CFG, ParallelDims(dp=2), BATCH, STEPS, optimizer="lion")
+        train_hybrid(CFG, ParallelDims(dp=2), Recipe(), BATCH, STEPS, optimizer="lion")
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3], ids=["zero2", "fsdp"])
 def test_sharded_stages_equal_one_process(zero_stage):
-    par = ParallelDims(dp=2, microbatches=2, zero_stage=zero_stage)
-    got, results = train_hybrid(CFG, par, BATCH, STEPS, lr=0.1, optimizer="sgd", timeout=180)
+    recipe = Recipe(microbatches=2, zero_stage=zero_stage)
+    got, results = train_hybrid(CFG, ParallelDims(dp=2), recipe, BATCH, STEPS, lr=0.1,
+                                optimizer="sgd", timeout=180)
     assert_same_training(got, _reference("sgd", 0.1), rtol=1e-4, atol=1e-6)
     assert all(set(r["step_seconds"]) == {"forward-backward", "optimizer"} for r in results)
 
 
-@pytest.mark.parametrize("par, match", [
-    (ParallelDims(dp=2, tp=2, zero_stage=3), "tp, pp and cp must be 1"),
-    (ParallelDims(dp=2, ep=2), "no experts"),
+@pytest.mark.parametrize("par, recipe, match", [
+    (ParallelDims(dp=2, tp=2), Recipe(zero_stage=3), "tp, pp and cp must be 1"),
+    (ParallelDims(dp=2, ep=2), Recipe(), "no experts"),
 ])
-def test_layouts_hybrid_cannot_run(par, match):
+def test_layouts_hybrid_cannot_run(par, recipe, match):
     with pytest.raises(ValueError, match=match):
-        check_hybrid(CFG, par, BATCH)
+        check_hybrid(CFG, par, recipe, BATCH)
+
+
+# ----------------------------------------------------------------------------
+# The dry run: the same step on fake tensors reads the same clock, and runs real sizes
+# ----------------------------------------------------------------------------
+
+SAME_CLOCK = {    # every path of the trainer's step: pipeline or not, each ZeRO stage, cp
+    "dp2 tp2 (all-reduce, Megatron blocks)": (ParallelDims(dp=2, tp=2), Recipe()),
+    "dp2 pp2 zero1 (1F1B, sharded step)": (ParallelDims(dp=2, pp=2),
+                                           Recipe(microbatches=2, zero_stage=1)),
+    "dp2 zero2 (reduce-scatter in backward)": (ParallelDims(dp=2), Recipe(zero_stage=2)),
+    "dp2 zero3 (FSDP)": (ParallelDims(dp=2), Recipe(microbatches=2, zero_stage=3)),
+    "dp2 cp2 (ring attention)": (ParallelDims(dp=2, cp=2), Recipe()),
+}
+@pytest.mark.parametrize("name", SAME_CLOCK)
+def test_the_dry_run_reads_the_emulated_real_runs_clock_exactly(name):
+    dims, recipe = SAME_CLOCK[name]
+    for rank in lecture_lib.run(same_clock_real_and_dry, dims.world_size, CFG, dims, recipe,
+                                BATCH, timeout=180):
+        real, dry = rank[False], rank[True]
+        assert real["now"] > 0 and real["comm_bytes"] > 0
+        assert dry == real                   # now, totals, bytes, spans, issue times
+
+
+def test_time_at_scale_runs_a_real_size_model_dry():
+    """Two of GPT-2 medium's 24 layers, 8 x 1024 tokens, dp2 x tp2 on emulated H100s: nothing
+    computed, every collective charged; tp's activations all-reduced, dp's gradients too."""
+    cfg = real_size("GPT-2 medium", n_layers=2)
+    row, = time_at_scale({"dp2 tp2": (ParallelDims(dp=2, tp=2), Recipe())}, cfg, 8)
+    assert 1e-4 < row["step_seconds"] < 1.0 and 0 < row["mfu"] < 1
+    assert row["compute"] < row["step_seconds"] and row["exposed"] > 0
+    assert row["bytes"]["all_reduce"] > 0 and row["time_kind"].endswith("(dry run)")
+    assert row["spans"] and row["wall_seconds"] < 60

@@ -1,9 +1,11 @@
 """mesh: grid arithmetic and the real groups agree; bad grids fail before any process starts."""
+import dataclasses
+
 import pytest
 
 import lecture_lib
 from lecture_lib.comm import LOCAL
-from lecture_lib.dims import ParallelDims
+from lecture_lib.dims import ParallelDims, Recipe
 from lecture_lib.mesh import RankGrid, check_grid, grid_coordinates, grid_groups
 
 
@@ -90,9 +92,6 @@ def test_a_layout_builds_its_grid_with_every_axis_tp_fastest():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dp=0), "dp must be a whole number >= 1"),
-    (dict(zero_stage=4), "zero_stage must be one of"),
-    (dict(zero_stage=True), "zero_stage must be one of"),
-    (dict(microbatches=0), "microbatches must be"),
     (dict(dp=2, ep=3), "ep=3 must divide dp=2"),
 ])
 def test_bad_layouts_fail_with_the_layout_named(kwargs, match):
@@ -100,13 +99,37 @@ def test_bad_layouts_fail_with_the_layout_named(kwargs, match):
         ParallelDims(**kwargs)
 
 
-def test_a_layout_checks_its_world_size_and_splits_a_batch():
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(zero_stage=4), "zero_stage must be one of"),
+    (dict(zero_stage=True), "zero_stage must be one of"),
+    (dict(microbatches=0), "microbatches must be"),
+    (dict(schedule=3), "schedule must be a name"),
+])
+def test_bad_recipes_fail_with_the_recipe_named(kwargs, match):
+    with pytest.raises(ValueError, match=f"^recipe .*{match}"):
+        Recipe(**kwargs)
+
+
+def test_a_layout_checks_its_world_size_and_a_recipe_splits_a_batch():
     with pytest.raises(ValueError, match="has 4 ranks but world_size is 8"):
         ParallelDims(dp=2, tp=2).check(8)
-    assert ParallelDims(dp=2, microbatches=2).split(8) == (2, 2)
-    assert ParallelDims(dp=2, microbatch_size=1).split(8) == (4, 1)
-    assert ParallelDims(dp=2).split(8) == (1, 4)
+    assert Recipe(microbatches=2).split(8, dp=2) == (2, 2)
+    assert Recipe(microbatch_size=1).split(8, dp=2) == (4, 1)
+    assert Recipe().split(8, dp=2) == (1, 4)
     with pytest.raises(ValueError, match="does not split over dp=3"):
-        ParallelDims(dp=3).split(8)
+        Recipe().split(8, dp=3)
     with pytest.raises(ValueError, match="are not the 4 sequences"):
-        ParallelDims(dp=2, microbatches=2, microbatch_size=1).split(8)
+        Recipe(microbatches=2, microbatch_size=1).split(8, dp=2)
+
+
+def test_layout_and_recipe_are_apart():
+    """The degrees in one small type, how a step runs in another; each says what it is."""
+    layout = {f.name for f in dataclasses.fields(ParallelDims)}
+    recipe = {f.name for f in dataclasses.fields(Recipe)}
+    assert layout == {"dp", "tp", "pp", "cp", "ep"}
+    assert recipe == {"microbatches", "microbatch_size", "schedule", "zero_stage",
+                      "cp_layout", "cp_method"}
+    assert ParallelDims(dp=2, tp=2).label() == "dp2 tp2 pp1 cp1"
+    assert ParallelDims(dp=4, ep=2).label() == "dp4 tp1 pp1 cp1 ep2"
+    assert Recipe(microbatches=4, zero_stage=1).label() == "m4 zero1"
+    assert Recipe().label() == ""

@@ -15,9 +15,10 @@ the machine at hand and keep everything else as the formulas of
    into per-step latency and bandwidth with the ring formula
    (all-reduce = ``2 (p-1) alpha + 2 (p-1)/p n / beta``).
 
-Then :func:`predict_vs_measured` trains the small GPT under several layouts
-(:class:`lecture_lib.dims.ParallelDims`) with :mod:`lecture_lib.hybrid`, and sets the
-measured step time beside the model's prediction.
+Then :func:`predict_vs_measured` trains the small GPT under several configurations (a
+layout, :class:`lecture_lib.dims.ParallelDims`, and a recipe, :class:`lecture_lib.dims.
+Recipe`) with :mod:`lecture_lib.hybrid`, and sets the measured step time beside the model's
+prediction.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ..bandwidth import bandwidth_sweep, fit_sweep
 from ..costmodel.comm import Link, bus_factor
 from ..costmodel.memory import TransformerShape
 from ..costmodel.steptime import Cluster, Parallelism, step_time, training_flops
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..hybrid import step_seconds, train_hybrid
 from ..models import GPT, GPTConfig
 from ..progress import progress
@@ -92,7 +93,8 @@ def measure_compute(cfg: GPTConfig, batch_size: int, microbatches: int = 4,
     seconds = {1: [], microbatches: []}
     runs = [m for _ in range(repeats) for m in seconds]         # alternate 1 and m
     for m in progress(runs, "calibration: one-rank runs (1 and m micro-batches)"):
-        _, results = train_hybrid(cfg, ParallelDims(microbatches=m), batch_size, steps)
+        _, results = train_hybrid(cfg, ParallelDims(), Recipe(microbatches=m), batch_size,
+                                  steps)
         seconds[m].append(step_seconds(results))
     return fit_compute(cfg, batch_size, microbatches, min(seconds[1]), min(seconds[microbatches]))
 
@@ -106,30 +108,32 @@ def machine_cluster(rate: float, overhead: float, link: Link, ranks: int,
                    efficiency=1.0, layer_overhead=overhead / share)
 
 
-def predict_on(cfg: GPTConfig, dims: ParallelDims, batch_size: int, cluster: Cluster,
-               optimizer: str = "adamw"):
+def predict_on(cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, batch_size: int,
+               cluster: Cluster, optimizer: str = "adamw"):
     """The model's :class:`~lecture_lib.costmodel.steptime.StepTime` for one run of
-    :func:`lecture_lib.hybrid.train_hybrid` with layout ``dims`` on ``cluster``: fp32 values,
-    as the course trains, and the gradient all-reduce after the pipeline, as ``hybrid`` does."""
-    return step_time(shape_of(cfg), Parallelism(dims, dp_overlap=False), cluster, batch_size,
-                     value_bytes=4, optimizer=optimizer)
+    :func:`lecture_lib.hybrid.train_hybrid` with ``dims`` and ``recipe`` on ``cluster``: fp32
+    values, as the course trains, and the gradient all-reduce after the pipeline, as
+    ``hybrid`` does."""
+    return step_time(shape_of(cfg), Parallelism(dims, recipe, dp_overlap=False), cluster,
+                     batch_size, value_bytes=4, optimizer=optimizer)
 
 
-def predict(cfg: GPTConfig, dims: ParallelDims, batch_size: int, rate: float, overhead: float,
-            link: Link):
+def predict(cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, batch_size: int, rate: float,
+            overhead: float, link: Link):
     """:func:`predict_on` this machine (:func:`machine_cluster`) for the small GPT."""
-    return predict_on(cfg, dims, batch_size,
+    return predict_on(cfg, dims, recipe, batch_size,
                       machine_cluster(rate, overhead, link, dims.world_size))
 
 
-def predict_vs_measured(cfg: GPTConfig, configs: list[ParallelDims], batch_size: int,
-                        rate: float, overhead: float, link: Link, steps: int = 6) -> list[dict]:
-    """For each layout: the modelled and the measured seconds per step."""
+def predict_vs_measured(cfg: GPTConfig, configs: list[tuple[ParallelDims, Recipe]],
+                        batch_size: int, rate: float, overhead: float, link: Link,
+                        steps: int = 6) -> list[dict]:
+    """For each ``(layout, recipe)``: the modelled and the measured seconds per step."""
     rows = []
-    for dims in progress(list(configs), "predicted vs measured: train each layout"):
-        _, results = train_hybrid(cfg, dims, batch_size, steps)
-        predicted = predict(cfg, dims, batch_size, rate, overhead, link)
-        rows.append({"config": dims, "predicted": predicted.total,
+    for dims, recipe in progress(list(configs), "predicted vs measured: train each layout"):
+        _, results = train_hybrid(cfg, dims, recipe, batch_size, steps)
+        predicted = predict(cfg, dims, recipe, batch_size, rate, overhead, link)
+        rows.append({"config": (dims, recipe), "predicted": predicted.total,
                      "measured": step_seconds(results), "parts": predicted.parts()})
     return rows
 

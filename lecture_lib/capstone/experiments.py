@@ -9,7 +9,7 @@ recorded collectives. Time is real time on this machine, or with ``base.emulate`
 virtual time of an emulated cluster (``time_kind``; there the share is the communication
 stream's busy time, and the recorder stays off so that it does not serialise the streams);
 pipeline sends and receives are counted as the
-recorder's ``"send"`` kind (:func:`lecture_lib.hybrid.recorded_exchange`); their time includes
+recorder's ``"send"`` kind (:func:`lecture_lib.hybrid.exchange_as_comm`); their time includes
 the wait for the stage before, so a pipeline's share holds part of its bubble.
 :func:`loss_gaps` gives each run's largest relative loss difference from a
 reference run (the one-process run when the list has one).
@@ -22,10 +22,11 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..progress import progress
 from ..runtime import launch
-from .train import TrainConfig, check_config, measured_peak_flops, train, train_on_rank
+from .report import measured_peak_flops
+from .train import TrainConfig, check_config, train, train_on_rank
 
 DEFAULT_RUNS = {
     "1 process": dict(strategy="ddp", dims=ParallelDims()),
@@ -34,11 +35,11 @@ DEFAULT_RUNS = {
     "zero2": dict(strategy="zero2", dims=ParallelDims(dp=2)),
     "fsdp": dict(strategy="fsdp", dims=ParallelDims(dp=2)),
     "tp": dict(strategy="tp", dims=ParallelDims(tp=2)),
-    "pp": dict(strategy="pp", dims=ParallelDims(pp=2, microbatches=2)),
+    "pp": dict(strategy="pp", dims=ParallelDims(pp=2), recipe=Recipe(microbatches=2)),
     "cp": dict(strategy="cp", dims=ParallelDims(cp=2)),
-    "3d": dict(strategy="3d", dims=ParallelDims(tp=2, pp=2, microbatches=2)),
+    "3d": dict(strategy="3d", dims=ParallelDims(tp=2, pp=2), recipe=Recipe(microbatches=2)),
 }
-"""Name -> the layout and options of each run (everything else from the base config)."""
+"""Name -> the layout, recipe and options of each run (the rest from the base config)."""
 
 
 def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
@@ -64,7 +65,7 @@ def _row(name: str, cfg: TrainConfig, results: list[dict]) -> dict:
 
 def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
                        timeout: float = 600, show: str | None = None) -> list[dict]:
-    """Train ``base`` under each run's strategy (``{name: {strategy, dims, ...}}``).
+    """Train ``base`` under each run's strategy (``{name: {strategy, dims, recipe, ...}}``).
 
     Every run shares the model, tokens, global batch, steps, learning rate and data
     order of ``base``; a checkpoint folder is not used. Each row: ``name``,
@@ -88,7 +89,8 @@ def compare_strategies(base: TrainConfig, runs: dict | None = None, only=None,
     configs = {}
     for name, options in runs.items():
         cfg = replace(base, checkpoint_dir=None, checkpoint_every=0, fail_at=None,
-                      record_comm=base.emulate is None, **{"dims": ParallelDims(), **options})
+                      record_comm=base.emulate is None,
+                      **{"dims": ParallelDims(), "recipe": Recipe(), **options})
         check_config(cfg)                       # every run's bad input before the first starts
         configs[name] = cfg
     rows = []
@@ -106,7 +108,7 @@ def loss_gaps(rows: list[dict], reference: str = "1 process") -> dict:
 
 
 def _options(base: TrainConfig, options: dict, **changes) -> TrainConfig:
-    return replace(base, **{"dims": ParallelDims(), **options, **changes})
+    return replace(base, **{"dims": ParallelDims(), "recipe": Recipe(), **options, **changes})
 
 
 def resume_and_reshard(base: TrainConfig, folder, stop_at: int, save: dict,

@@ -3,10 +3,10 @@
 The capstone trains one GPT with each parallel scheme the pack teaches and
 wires, rather than rewrites, the library's own pieces (the lesson of
 :mod:`lecture_lib.hybrid`: each scheme communicates on its own axis of one
-rank grid, Narayanan et al. 2021). A strategy is a name for a layout
-(:class:`lecture_lib.dims.ParallelDims`): the axes it may use and, for the
-data-parallel ones, its ZeRO stage; :func:`lecture_lib.hybrid.parallelize`
-builds every one of them:
+rank grid, Narayanan et al. 2021). A strategy names the axes of the layout
+(:class:`lecture_lib.dims.ParallelDims`) it may use and, for the data-parallel ones, the
+ZeRO stage of its recipe (:class:`lecture_lib.dims.Recipe`);
+:func:`lecture_lib.hybrid.parallelize` builds every one of them:
 
 =========  ==============================================================  ===========
 strategy   pieces                                                          grid
@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..hybrid import check_hybrid, parallelize
 from ..mesh import RankGrid
 from ..models import GPT, GPTConfig, lm_loss
@@ -48,25 +48,27 @@ ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}   # the data-parallel
 OWN_AXIS = ("tp", "pp", "cp")
 
 
-def run_layout(strategy: str, dims: ParallelDims) -> ParallelDims:
-    """The layout ``strategy`` runs: ``dims``, with the ZeRO stage of a data-parallel one."""
+def run_recipe(strategy: str, recipe: Recipe) -> Recipe:
+    """The recipe ``strategy`` runs: ``recipe``, with the ZeRO stage of a data-parallel one."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if strategy not in ZERO_STAGE:
-        return dims
-    if dims.zero_stage not in (0, ZERO_STAGE[strategy]):
+        return recipe
+    if recipe.zero_stage not in (0, ZERO_STAGE[strategy]):
         raise ValueError(f"strategy {strategy} is ZeRO stage {ZERO_STAGE[strategy]}, "
-                         f"not {dims.zero_stage}")
-    return replace(dims, zero_stage=ZERO_STAGE[strategy])
+                         f"not {recipe.zero_stage}")
+    return replace(recipe, zero_stage=ZERO_STAGE[strategy])
 
 
-def check_strategy(strategy: str, model: GPTConfig, dims: ParallelDims, global_batch: int,
-                   world_size: int) -> ParallelDims:
+def check_strategy(strategy: str, model: GPTConfig, dims: ParallelDims, recipe: Recipe,
+                   global_batch: int, world_size: int) -> Recipe:
     """Every check that can be made before a process starts (a clear ValueError otherwise);
-    the layout the strategy runs."""
+    the recipe the strategy runs."""
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"dims must be a ParallelDims, not {type(dims).__name__}")
-    layout = run_layout(strategy, dims)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a Recipe, not {type(recipe).__name__}")
+    run = run_recipe(strategy, recipe)
     tp, pp, cp = dims.tp, dims.pp, dims.cp
     if strategy in ZERO_STAGE and (tp, pp, cp) != (1, 1, 1):
         raise ValueError(f"strategy {strategy} shards over data-parallel ranks only: give "
@@ -76,8 +78,8 @@ def check_strategy(strategy: str, model: GPTConfig, dims: ParallelDims, global_b
         if others:
             raise ValueError(f"strategy {strategy} combines only with dp, not with "
                              f"{', '.join(others)} (use 3d)")
-    check_hybrid(model, layout, global_batch, world_size)
-    return layout
+    check_hybrid(model, dims, run, global_batch, world_size)
+    return run
 
 
 @dataclass
@@ -99,21 +101,18 @@ class Entry:
 class Plan:
     """A rank's share of the model, its optimizer, and how a step runs."""
 
-    def __init__(self, strategy: str, model: GPTConfig, dims: ParallelDims, grid: RankGrid,
-                 lr: float, seed: int = 0):
+    def __init__(self, strategy: str, model: GPTConfig, dims: ParallelDims, recipe: Recipe,
+                 grid: RankGrid, lr: float, seed: int = 0):
         self.strategy, self.cfg, self.grid = strategy, model, grid
         self.dp_group = grid.group("dp")
-        self.rank = parallelize(GPT(model, seed).to(device()), dims, grid, "adamw", lr)
+        self.rank = parallelize(GPT(model, seed).to(device()), dims, recipe, grid, "adamw", lr)
         self.module, self.optimizer = self.rank.module, self.rank.optimizer
-        self.pipelined = self.rank.pipelined
-        self.stage = self.module
 
     # -- a step ---------------------------------------------------------------------
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Gradients of this rank's batch, synchronised; the local mean loss (or None)."""
-        loss = self.rank.forward_backward(x, y)
-        return None if loss is None else torch.tensor(loss, device=device())
+        return self.rank.forward_backward(x, y)
 
     def update(self) -> None:
         self.rank.update()
@@ -121,10 +120,10 @@ class Plan:
     @torch.no_grad()
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The local mean loss of a batch without training (None under pipelining: pp > 1)."""
-        if self.pipelined:
+        if self.rank.runs_pipeline:
             if self.grid.size("pp") > 1:
                 return None
-            return lm_loss(self.stage[0](x.to(device())), y.to(device()))
+            return lm_loss(self.module[0](x.to(device())), y.to(device()))
         return self.module(x.to(device()), y.to(device()))
 
     def holds_loss(self) -> bool:
@@ -140,11 +139,11 @@ class Plan:
 
     def param_entries(self) -> list[tuple[nn.Parameter, Entry]]:
         """Every parameter of this rank with its :class:`Entry`."""
-        if self.pipelined:
+        if self.rank.runs_pipeline:
             return [(p, Entry(name.split(".", 1)[1], p.data,
                               "full" if getattr(p, "tp_dim", None) is None else "tp",
                               getattr(p, "tp_dim", None) or 0))
-                    for name, p in self.stage.named_parameters()]
+                    for name, p in self.module.named_parameters()]
         if isinstance(self.module, FullyShardedModel):
             slot = {ps.shard: ps for unit in self.module.units() for ps in unit.params}
             return [(p, Entry(name, p.data, "flat", shape=tuple(slot[p].shape)) if p in slot

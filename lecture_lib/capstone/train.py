@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -31,18 +32,22 @@ import torch.distributed as dist
 from .. import emulate
 from ..comm import record_comm
 from ..context_parallel import shard_sequence
-from ..costmodel import flops
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..mesh import RankGrid
 from ..metrics import mfu, model_flops_per_token, time_kind, wall_time
-from ..models import GPT, GPTConfig
+from ..models import GPTConfig
 from ..runtime import launch
 from . import checkpoint, elastic
 from .loader import TokenLoader, open_tokens
-from .strategies import STRATEGIES, Plan, check_strategy, run_layout
+from .report import hardware, measured_peak_flops, non_embedding_params
+from .strategies import STRATEGIES, Plan, check_strategy, run_recipe
 
-__all__ = ["TrainConfig", "STRATEGIES", "check_config", "train", "train_on_rank", "cpu_gpt",
-           "gpt2_small"]
+__all__ = ["TrainConfig", "STRATEGIES", "PRECISIONS", "check_config", "train", "train_on_rank",
+           "run_step", "cpu_gpt", "gpt2_small"]
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+"""How a step computes: fp32, or bf16 autocast (mixed precision: fp32 weights, gradients
+and optimizer state; matrix multiplies and their activations in bf16)."""
 
 
 def cpu_gpt(vocab_size: int) -> GPTConfig:
@@ -61,7 +66,9 @@ class TrainConfig:
     tokens: object                       # a token file (path) or a 1-D integer array
     val_tokens: object = None
     strategy: str = "ddp"
-    dims: ParallelDims = ParallelDims()  # the layout (the ZeRO stage: the strategy's)
+    dims: ParallelDims = ParallelDims()  # the layout
+    recipe: Recipe = Recipe()            # micro-batches, schedule (the ZeRO stage: the strategy's)
+    precision: str = "fp32"              # or "bf16": autocast (PRECISIONS)
     global_batch: int = 8
     steps: int = 20
     lr: float = 1e-3
@@ -88,7 +95,9 @@ def check_config(cfg: TrainConfig, world_size: int | None = None) -> None:
     if not isinstance(cfg.model, GPTConfig):
         raise TypeError(f"model must be a GPTConfig, not {type(cfg.model).__name__}")
     world = cfg.world_size if world_size is None else world_size
-    check_strategy(cfg.strategy, cfg.model, cfg.dims, cfg.global_batch, world)
+    check_strategy(cfg.strategy, cfg.model, cfg.dims, cfg.recipe, cfg.global_batch, world)
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {cfg.precision!r}")
     for name in ("steps", "log_every"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, not {getattr(cfg, name)}")
@@ -123,35 +132,22 @@ def train(cfg: TrainConfig, timeout: float = 600, **changes) -> dict:
 # Inside a rank
 # ----------------------------------------------------------------------------
 
-def non_embedding_params(m: GPTConfig) -> int:
-    """Parameters of the course's GPT less the two embedding tables (MFU's N), counted by
-    :func:`lecture_lib.costmodel.flops.non_embedding_params` on a GPT of that shape built on
-    the meta device (no memory)."""
-    with torch.device("meta"):
-        return flops.non_embedding_params(GPT(m))
-
-
-def measured_peak_flops(dev: torch.device, n: int | None = None, reps: int = 5,
-                        trials: int = 3) -> float:
-    """FLOP/s of a dense fp32 matmul on this rank's device, the best of ``trials`` timings
-    of ``reps`` products (MFU's denominator when no ``peak_flops`` is given)."""
-    n = n or (4096 if dev.type == "cuda" else 384)
-    a = torch.randn(n, n, device=dev)
-    a @ a
-    best = 0.0
-    for _ in range(trials):
-        with wall_time(dev) as t:
-            for _ in range(reps):
-                a @ a
-        best = max(best, 2 * n ** 3 * reps / max(t.seconds, 1e-9))
-    return best
-
-
 def _agreed(value: float) -> float:
     """The largest of every rank's ``value`` (one MFU denominator for the whole job)."""
     t = torch.tensor([value], dtype=torch.float64, device=launch.device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def _peak(cfg: TrainConfig, dev: torch.device) -> tuple[float, str]:
+    """MFU's denominator per device, and what it is."""
+    if cfg.peak_flops:
+        return cfg.peak_flops, f"the given peak, {cfg.peak_flops / 1e12:g} TFLOP/s"
+    if cfg.emulate:
+        rate = emulate.preset(cfg.emulate).flops(torch.float32)
+        return rate, f"the emulated device's rate for fp32 ops, {rate / 1e12:g} TFLOP/s"
+    rate = _agreed(measured_peak_flops(dev))
+    return rate, f"a measured fp32 matmul, {rate / 1e12:.3g} TFLOP/s"
 
 
 def _global_mean(local, plan: Plan) -> float:
@@ -165,11 +161,10 @@ def _global_mean(local, plan: Plan) -> float:
 
 def _slice(batch, plan: Plan):
     """This rank's part of its dp shard: the cp slice of every sequence."""
-    dims = plan.rank.dims
-    if dims.cp == 1:
+    cp, layout = plan.rank.dims.cp, plan.rank.recipe.cp_layout
+    if cp == 1:
         return batch
-    return tuple(shard_sequence(t, plan.grid.coord("cp"), dims.cp, dims.cp_layout)
-                 for t in batch)
+    return tuple(shard_sequence(t, plan.grid.coord("cp"), cp, layout) for t in batch)
 
 
 def _validation(cfg: TrainConfig, plan: Plan, val: TokenLoader | None) -> float | None:
@@ -188,9 +183,9 @@ def _memory(plan: Plan) -> dict:
 
 
 def _setup(cfg: TrainConfig):
-    dims = run_layout(cfg.strategy, cfg.dims)
-    grid = RankGrid.from_dims(dims)
-    plan = Plan(cfg.strategy, cfg.model, dims, grid, cfg.lr, cfg.seed)
+    grid = RankGrid.from_dims(cfg.dims)
+    plan = Plan(cfg.strategy, cfg.model, cfg.dims, run_recipe(cfg.strategy, cfg.recipe), grid,
+                cfg.lr, cfg.seed)
     dp, r = grid.size("dp"), grid.coord("dp")
     loader = TokenLoader(cfg.tokens, cfg.model.seq_len, cfg.global_batch, cfg.data_seed, r, dp)
     val = (TokenLoader(cfg.val_tokens, cfg.model.seq_len, cfg.global_batch, cfg.data_seed, r, dp)
@@ -219,7 +214,7 @@ def _log_row(cfg, plan, step, loss, seconds, val, flops_tok, peak) -> dict:
 def _meta(cfg: TrainConfig) -> dict:
     return {"strategy": cfg.strategy, "world_size": cfg.world_size, "global_batch":
             cfg.global_batch, "data_seed": cfg.data_seed, "lr": cfg.lr,
-            "grid": cfg.dims.sizes()}
+            "grid": cfg.dims.sizes(), "recipe": cfg.recipe.label()}
 
 
 def _comm_busy(clock) -> float:
@@ -238,6 +233,20 @@ def _comm(log) -> dict:
             "comm_sent_bytes": log.sent_bytes(), "comm": log.summary()}
 
 
+def run_step(plan: Plan, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+             between=None) -> torch.Tensor | None:
+    """One training step of ``plan`` (the real run's and the prediction's): forward and
+    backward with the gradients synchronised (under bf16 autocast for ``"bf16"``), then
+    ``between()`` if given (a simulated crash), then the update; the local loss or None."""
+    dtype = PRECISIONS[precision]
+    with torch.autocast(launch.device().type, dtype=dtype, enabled=dtype is not None):
+        local = plan.forward_backward(x, y)
+    if between is not None:
+        between()
+    plan.update()
+    return local
+
+
 def train_on_rank(cfg: TrainConfig) -> dict:
     """The rank function (``lecture_lib.run`` or torchrun): train, log, checkpoint; a summary.
 
@@ -247,8 +256,7 @@ def train_on_rank(cfg: TrainConfig) -> dict:
     """
     plan, loader, val, found = _setup(cfg)
     dev = launch.device()
-    peak = cfg.peak_flops or (emulate.preset(cfg.emulate).flops(torch.float32) if cfg.emulate
-                              else _agreed(measured_peak_flops(dev)))
+    peak, peak_kind = _peak(cfg, dev)
     flops_tok = model_flops_per_token(non_embedding_params(cfg.model), cfg.model.n_layers,
                                       cfg.model.seq_len, cfg.model.d_model)
     first, losses, seconds, rows, busy = loader.step, [], [], [], []
@@ -261,9 +269,8 @@ def train_on_rank(cfg: TrainConfig) -> dict:
             x, y = _slice(loader.next_batch(), plan)
             comm_before = _comm_busy(clock)
             with wall_time(dev) as t:
-                local = plan.forward_backward(x, y)
-                elastic.maybe_fail(cfg.fail_at, cfg.fail_rank, cfg.checkpoint_dir, step)
-                plan.update()
+                local = run_step(plan, x, y, cfg.precision, partial(
+                    elastic.maybe_fail, cfg.fail_at, cfg.fail_rank, cfg.checkpoint_dir, step))
             busy.append(_comm_busy(clock) - comm_before)
             losses.append(_global_mean(local, plan))
             seconds.append(t.seconds)
@@ -284,5 +291,7 @@ def train_on_rank(cfg: TrainConfig) -> dict:
             "tokens_per_s": cfg.global_batch * cfg.model.seq_len / statistics.median(timed)
             if timed else None,
             "val_losses": {r["step"]: r["val_loss"] for r in rows if r["val_loss"] is not None},
-            **comm, "time_kind": kind,
+            **comm, "time_kind": kind, "peak": peak_kind, "hardware": hardware(dev),
+            "memory_kind": "CUDA's peak allocation" if dev.type == "cuda" else
+            "parameters + gradients + optimizer state held (CPU)",
             "strategy": cfg.strategy, "grid": _meta(cfg)["grid"], "model": asdict(cfg.model)}

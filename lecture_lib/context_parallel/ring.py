@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..comm import all_gather_into, collective, resolve
 from .attention import KERNELS, check_kernel, merge
@@ -112,7 +113,9 @@ class RingAttention:
             return
         group, _, size = resolve(self.group)
         ranks = None if group is None else [dist.get_global_rank(group, r) for r in range(size)]
-        check_ring_slices(gather_slice_shapes(shapes, self.group, device), self.layout, ranks)
+        gathered = gather_slice_shapes(shapes, self.group, device)
+        if gathered is not None:        # a dry run gathers nothing to read: its shapes are
+            check_ring_slices(gathered, self.layout, ranks)     # the real run's, checked there
         self.checked.add(shapes)
 
 
@@ -186,13 +189,17 @@ def ring_schedule(cp: int, layout: str = "zigzag", causal: bool = True) -> list[
 
 def gather_slice_shapes(shapes, group=None, device=None) -> list[list[list[int]]]:
     """``out[rank] == [q, k, v]`` shape codes of every rank (four numbers each: the shape of a
-    4-D tensor, ``[-1, ndim, 0, 0]`` otherwise), from this rank's ``shapes``."""
+    4-D tensor, ``[-1, ndim, 0, 0]`` otherwise), from this rank's ``shapes``; None in a dry
+    run, whose all-gather moves no numbers (it is issued all the same, so both runs' clocks
+    agree)."""
     group, _, size = resolve(group)
     mine = torch.tensor([n for s in shapes for n in _shape_code(s)], device=device)
     everyone = mine
     if size > 1:
         everyone = torch.empty(size * mine.numel(), dtype=mine.dtype, device=device)
         all_gather_into(everyone, mine, group)
+    if isinstance(everyone, FakeTensor):            # the dry run's: a shape, no numbers
+        return None
     return [[row[i:i + 4] for i in (0, 4, 8)] for row in everyone.view(size, -1).tolist()]
 
 

@@ -2,10 +2,11 @@
 
 Alpa (Zheng et al. 2022) searches inter- and intra-operator parallelism with a
 cost model; we do the same search by brute force, which a model this size
-allows: for a model, a cluster and a global batch, enumerate every
-``(dp, tp, pp, micro-batch, ZeRO stage, recomputation, inner axis)``, drop
-what does not fit in device memory (:func:`memory_per_device`), rank the rest
-by modelled step time (:func:`step_time`), and say why the winner wins.
+allows: for a model, a cluster and a global batch, take every
+``(dp, tp, pp, micro-batch, ZeRO stage, recomputation, inner axis)`` that divides
+(:func:`.search_space.candidates`), drop what does not fit in device memory
+(:func:`memory_per_device`), rank the rest by modelled step time
+(:func:`step_time`), and say why the winner wins.
 Two more axes reuse that machinery: :func:`plan_context_parallel` (cp, long
 sequences) and :func:`plan_expert_parallel` (ep carved out of dp, mixture of experts).
 """
@@ -13,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..dims import ParallelDims
 from .comm import collective_time
 from .context_parallel import cp_exposed_comm, memory_per_device_cp
 from .memory import TransformerShape, memory_per_device
 from .moe import MoESpec, dispatch_buffer_bytes, memory_per_device_ep, moe_param_split
+from .search_space import candidates, divisors
 from .steptime import (
-    AXES,
     Cluster,
     Parallelism,
     StepTime,
@@ -28,10 +28,6 @@ from .steptime import (
     group_link,
     step_time,
 )
-
-MICRO_BATCHES = (1, 2, 4, 8)
-ZERO = (0, 1, 2, 3)
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass
@@ -45,36 +41,6 @@ class Plan:
         return self.time.total
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidates(shape: TransformerShape, devices: int, global_batch: int,
-               gpus_per_node: int = 8):
-    """Every configuration that divides the devices, the layers, the heads and the batch."""
-    for tp in _divisors(devices):
-        if shape.heads % tp or tp > gpus_per_node:      # tensor parallel never spans nodes
-            continue
-        for pp in _divisors(devices // tp):
-            if shape.layers % pp:
-                continue
-            dp = devices // (tp * pp)
-            for mb in MICRO_BATCHES:
-                if global_batch % (dp * mb):
-                    continue
-                m = global_batch // (dp * mb)
-                if pp > 1 and m < pp:                      # 1F1B needs m >= p to fill the pipe
-                    continue
-                for zero in ZERO if dp > 1 else (0,):
-                    for rc in RECOMPUTE:
-                        for inner in AXES:
-                            if {"dp": dp, "tp": tp, "pp": pp}[inner] == 1 and inner != "tp":
-                                continue                   # placing a size-1 axis changes nothing
-                            dims = ParallelDims(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
-                                                zero_stage=zero)
-                            yield Parallelism(dims, rc, inner)
-
-
 def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int | None = None,
          devices: int | None = None) -> list[Plan]:
     """Configurations that fit, fastest first."""
@@ -83,8 +49,8 @@ def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int 
         raise ValueError(f"global batch must be >= 1, not {global_batch}")
     found = []
     for par in candidates(shape, devices, global_batch, cluster.gpus_per_node):
-        d = par.dims
-        mem = memory_per_device(shape, d.dp, d.tp, d.pp, d.zero_stage, d.microbatch_size,
+        d, r = par.dims, par.recipe
+        mem = memory_per_device(shape, d.dp, d.tp, d.pp, r.zero_stage, r.microbatch_size,
                                 recompute=par.recompute)
         if mem["total"] > cluster.memory_bytes:
             continue
@@ -156,7 +122,7 @@ class ContextParallelPlan:
     def label(self) -> str:
         """The whole layout, cp included (``plan`` models one rank of a cp group, cp = 1)."""
         par = self.plan.parallelism
-        return f"{replace(par.dims, cp=self.cp).label()} rc:{par.recompute} inner:{par.inner}"
+        return par.label(replace(par.dims, cp=self.cp))
 
 
 def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batch: int,
@@ -175,9 +141,9 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
         if cluster.devices % cp or shape.seq_len % (2 * cp):
             continue
         for par in candidates(shape, cluster.devices // cp, global_batch, cluster.gpus_per_node):
-            d = par.dims
-            mem = memory_per_device_cp(shape, cp, d.dp, d.tp, d.pp, d.zero_stage,
-                                       d.microbatch_size, par.recompute)
+            d, r = par.dims, par.recipe
+            mem = memory_per_device_cp(shape, cp, d.dp, d.tp, d.pp, r.zero_stage,
+                                       r.microbatch_size, par.recompute)
             if mem["total"] > cluster.memory_bytes:
                 continue
             t = step_time(shape, par, cluster, global_batch)
@@ -187,7 +153,7 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
                         dp_comm=_dp_exposed(shape, par, cp, cluster, compute / t.microbatches))
             link = None if cp == 1 else (cluster.intra if d.tp * cp <= cluster.gpus_per_node
                                          else cluster.inter)
-            exposed = cp_exposed_comm(shape, d.microbatch_size, cp, link,
+            exposed = cp_exposed_comm(shape, r.microbatch_size, cp, link,
                                       cluster.peak_flops * cluster.efficiency)
             cp_comm = exposed * t.microbatches * shape.layers // d.pp
             found.append(ContextParallelPlan(cp, Plan(par, t, mem), cp_comm))
@@ -219,7 +185,7 @@ class ExpertParallelPlan:
 
     def label(self) -> str:
         par = self.plan.parallelism
-        return f"{replace(par.dims, ep=self.ep).label()} rc:{par.recompute} inner:{par.inner}"
+        return par.label(replace(par.dims, ep=self.ep))
 
 
 def expert_parallel_step(shape: TransformerShape, moe: MoESpec, ep: int, par: Parallelism,
@@ -257,7 +223,7 @@ def expert_parallel_step(shape: TransformerShape, moe: MoESpec, ep: int, par: Pa
     ep_link = group_link(replace(par, dims=replace(d, dp=ep)), "dp", cluster)  # dp's fastest ep
     a2a = 0.0
     if ep_link:
-        tokens = moe.capacity_factor * d.microbatch_size * shape.seq_len / d.tp
+        tokens = moe.capacity_factor * par.recipe.microbatch_size * shape.seq_len / d.tp
         one = collective_time("all_to_all", dispatch_buffer_bytes(tokens, shape.hidden, moe.k,
                                                                    value_bytes), ep, ep_link)
         per_layer = 6 if par.recompute == "full" else 4
@@ -280,19 +246,19 @@ def plan_expert_parallel(shape: TransformerShape, moe: MoESpec, cluster: Cluster
     one that does not divide them raises.
     """
     devices = devices or cluster.devices
-    eps = tuple(_divisors(moe.num_experts)) if eps is None else tuple(eps)
+    eps = tuple(divisors(moe.num_experts)) if eps is None else tuple(eps)
     bad = [e for e in eps if isinstance(e, bool) or not isinstance(e, int) or e < 1
            or moe.num_experts % e]
     if bad:
         raise ValueError(f"ep in {bad} does not divide the {moe.num_experts} experts")
     found = []
     for par in candidates(shape, devices, global_batch, cluster.gpus_per_node):
-        d = par.dims
+        d, r = par.dims, par.recipe
         for ep in eps:
             if d.dp % ep:
                 continue
-            mem = memory_per_device_ep(shape, moe, ep, d.dp, d.tp, d.pp, d.zero_stage,
-                                       d.microbatch_size, par.recompute)
+            mem = memory_per_device_ep(shape, moe, ep, d.dp, d.tp, d.pp, r.zero_stage,
+                                       r.microbatch_size, par.recompute)
             if mem["total"] > cluster.memory_bytes:
                 continue
             t, a2a, links = expert_parallel_step(shape, moe, ep, par, cluster, global_batch)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from .comm import INFINIBAND_HDR, INFINIBAND_NDR, NVLINK_A100, NVLINK_H100, Link, collective_time
 from .flops import model_flops_per_token
 from .memory import TransformerShape
@@ -82,10 +82,12 @@ H100_CLUSTER = Cluster("128 nodes x 8 H100 80GB", 128, 8, 989e12, 80e9,
 
 @dataclass(frozen=True)
 class Parallelism:
-    """A layout as the model runs it: the :class:`~lecture_lib.dims.ParallelDims` (dp, tp,
-    pp, a micro-batch's size, ZeRO stage), and what is not a layout: recomputation, the
-    axis placed inside a node first, and whether the gradient all-reduce overlaps."""
+    """A run as the model sees it: the layout (:class:`~lecture_lib.dims.ParallelDims`: dp,
+    tp, pp), the recipe (:class:`~lecture_lib.dims.Recipe`: a micro-batch's size, the ZeRO
+    stage), recomputation, the axis placed inside a node first, and whether the gradient
+    all-reduce overlaps with the last backward."""
     dims: ParallelDims
+    recipe: Recipe = Recipe()
     recompute: str = "none"
     inner: str = "tp"             # the axis whose ranks are adjacent (inside a node first)
     dp_overlap: bool = True       # the gradient all-reduce hides behind the last backward
@@ -93,6 +95,8 @@ class Parallelism:
     def __post_init__(self):
         if not isinstance(self.dims, ParallelDims):
             raise TypeError(f"dims must be a ParallelDims, not {type(self.dims).__name__}")
+        if not isinstance(self.recipe, Recipe):
+            raise TypeError(f"recipe must be a Recipe, not {type(self.recipe).__name__}")
         if self.dims.cp != 1 or self.dims.ep != 1:
             raise ValueError(f"step_time models dp x tp x pp (cp and ep are 1), not "
                              f"{self.dims.label()}: see plan_context_parallel for cp")
@@ -111,8 +115,12 @@ class Parallelism:
         """Axes from slowest to fastest: ``inner`` last, the others in dp, pp, tp order."""
         return tuple(a for a in AXES if a != self.inner) + (self.inner,)
 
-    def label(self) -> str:
-        return f"{self.dims.label()} rc:{self.recompute} inner:{self.inner}"
+    def label(self, dims: ParallelDims | None = None) -> str:
+        """``dp8 tp8 pp16 cp1 mb1 zero1 rc:full inner:tp``; ``dims``: other degrees to show
+        (the cp or ep that a plan of one cp or ep group stands for)."""
+        parts = [(dims or self.dims).label(), self.recipe.label(), f"rc:{self.recompute}",
+                 f"inner:{self.inner}"]
+        return " ".join(p for p in parts if p)
 
 
 def group_link(par: Parallelism, axis: str, cluster: Cluster) -> Link | None:
@@ -161,7 +169,7 @@ class StepTime:
 
 def microbatches(global_batch: int, par: Parallelism) -> int:
     """Micro-batches per pipeline per step; a clear error when the batch does not divide."""
-    return par.dims.split(global_batch)[0]
+    return par.recipe.split(global_batch, par.dims.dp)[0]
 
 
 def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
@@ -176,7 +184,7 @@ def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ran
         return 0.0
     d = par.dims
     total = collective_time("all_reduce", value_bytes * num_params / (d.tp * d.pp), ranks, link)
-    return total * (1.5 if d.zero_stage == 3 else 1.0)
+    return total * (1.5 if par.recipe.zero_stage == 3 else 1.0)
 
 
 def exposed_after_backward(total: float, microbatch_compute: float) -> float:
@@ -198,7 +206,7 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
         raise ValueError(f"pp={pp} does not divide {shape.layers} layers")
     if shape.heads % tp:
         raise ValueError(f"tp={tp} does not divide {shape.heads} heads")
-    m, microbatch_size = par.dims.split(global_batch)
+    m, microbatch_size = par.recipe.split(global_batch, dp)
     tokens = global_batch * shape.seq_len
     rate = cluster.peak_flops * cluster.efficiency
     compute = training_flops(shape, tokens, par.recompute) / par.devices / rate

@@ -5,10 +5,11 @@ tells them apart (PyTorch profiler recipe; HTA, "Holistic Trace Analysis",
 Meta 2023; the Ultra-Scale Playbook's profiling chapter): communication takes
 a large share of the step, or the device is idle much of it.
 
-* :mod:`.trace`: reading a ``torch.profiler`` trace: events, what is
-  communication and what is work, the shares of a step, the collectives it
-  ran, a timeline (:func:`read_trace`, :func:`shares`, :func:`comm_kinds`,
-  :func:`timeline`).
+* :mod:`.events`: reading a ``torch.profiler`` trace into events, what is
+  communication and what is work, the collectives it ran (:func:`read_trace`,
+  :func:`comm_intervals`, :func:`comm_kinds`);
+* :mod:`.trace`: what one rank's profile says: the shares of a step, the overlap,
+  a timeline (:class:`RankProfile`, :func:`shares`, :func:`timeline`).
 * :mod:`.profiler`: running a step under the profiler on N ranks
   (:func:`profile_steps`, :func:`profile_run`).
 * :mod:`.emulated`: the same profile in emulated time, read from the
@@ -21,24 +22,20 @@ a large share of the step, or the device is idle much of it.
 """
 from .diagnose import BUSY_SHARE_LIMIT, COMM_SHARE_LIMIT, Diagnosis, diagnose, diagnose_run
 from .emulated import profile_steps_emulated
+from .events import (
+                     COMM_PATTERN,
+                     PHASE_PREFIX,
+                     Event,
+                     classify,
+                     comm_intervals,
+                     comm_kinds,
+                     covered,
+                     merge,
+                     read_trace,
+)
 from .experiments import SYNCS, data_parallel_step, pipeline_step
 from .profiler import TracedTimer, profile_run, profile_steps
-from .trace import (
-                    COMM_PATTERN,
-                    PHASE_PREFIX,
-                    Event,
-                    RankProfile,
-                    StepShares,
-                    classify,
-                    comm_intervals,
-                    comm_kinds,
-                    covered,
-                    merge,
-                    overlap_share,
-                    read_trace,
-                    shares,
-                    timeline,
-)
+from .trace import RankProfile, StepShares, overlap_share, shares, timeline
 
 __all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "PHASE_PREFIX", "SYNCS",
            "Diagnosis", "Event", "RankProfile", "StepShares", "TracedTimer", "classify",

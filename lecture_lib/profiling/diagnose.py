@@ -80,7 +80,7 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
     """Apply the lecture's rules of thumb to measured shares and say what they show.
 
     ``comm_kinds``: the collectives the run did (``{"all_reduce"}``, ``{"send",
-    "recv"}``, ..., as :func:`~.trace.comm_kinds` reads them); it decides the
+    "recv"}``, ..., as :func:`~.events.comm_kinds` reads them); it decides the
     advice, so a pipeline is never told to bucket its gradients.
     """
     for name, v in (("comm_share", comm_share), ("busy_share", busy_share),

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ..emulate import emulated
 from ..metrics import Timer
-from .trace import Event, RankProfile, shares
+from .events import Event
+from .trace import RankProfile, shares
 
 _STREAMS = {"comm": "emulated communication stream"}
 

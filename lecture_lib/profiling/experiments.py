@@ -8,8 +8,9 @@ builds its model on the rank and returns ``step(i)``:
   ``"individual"`` and ``"bucketed"`` overlapped with the backward pass), or
   torch's ``DistributedDataParallel`` (``"torch"``) to compare with;
 * :func:`pipeline_step`: the small GPT cut into one stage per rank and run by a
-  schedule (GPipe by default): the layout ``ParallelDims(pp=world)`` applied by
-  :func:`lecture_lib.hybrid.parallelize`, and its one training step.
+  schedule (GPipe by default): the layout ``ParallelDims(pp=world)`` and its recipe applied
+  by :func:`lecture_lib.hybrid.parallelize`, and its one training step (which marks its
+  phases for :mod:`lecture_lib.observe`, not for the timer).
 
 Both sample their first ``presampled`` batches when the step is built, before the profile
 starts, as a data loader prepares batches ahead of the training loop: sampling the Markov
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..data_parallel import wrap
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..hybrid import check_hybrid, parallelize
 from ..mesh import RankGrid
 from ..models import GPT, GPTConfig, MarkovText, shard
@@ -82,14 +83,15 @@ def pipeline_step(timer, batch_size: int = 16, microbatches: int = 4, cfg=None,
     """A pipeline step: the small GPT cut into one stage per rank, run by the course's
     executor with ``schedule`` (``"gpipe"``: all forwards, then all backwards,
     Huang et al. 2019; or ``"1f1b"``, ...), then SGD on this rank's stage."""
-    dims = ParallelDims(pp=dist.get_world_size(), microbatches=microbatches, schedule=schedule)
+    dims = ParallelDims(pp=dist.get_world_size())
+    recipe = Recipe(microbatches=microbatches, schedule=schedule)
     cfg, model, data = _small_gpt(cfg, seed)
-    check_hybrid(cfg, dims, batch_size)
-    rank_model = parallelize(model, dims, RankGrid.from_dims(dims), "sgd", lr)
+    check_hybrid(cfg, dims, recipe, batch_size)
+    rank_model = parallelize(model, dims, recipe, RankGrid.from_dims(dims), "sgd", lr)
     batch = _batches(data, batch_size, presampled)
 
     def step(i):
         x, y = (t.to(launch.device()) for t in batch(i))
-        rank_model.train_step(x, y, timer)
+        rank_model.step(x, y)
     step.model, step.params = model, list(rank_model.module.parameters())   # for checks
     return step

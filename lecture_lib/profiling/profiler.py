@@ -27,7 +27,8 @@ from ..emulate import preset
 from ..metrics import Timer
 from ..runtime import launch
 from .emulated import profile_steps_emulated
-from .trace import PHASE_PREFIX, RankProfile, read_trace, shares
+from .events import PHASE_PREFIX, read_trace
+from .trace import RankProfile, shares
 
 
 def _check_schedule(wait: int, warmup: int, active: int) -> None:

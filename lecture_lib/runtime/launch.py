@@ -1,13 +1,8 @@
 """Run one function on N ranks, from a notebook, a test or a script.
 
-The idea
---------
-Distributed training runs one OS process per device ("rank"); the processes
-talk through ``torch.distributed``. ``run(fn, world_size)`` starts those
-processes, initialises the default process group in each, calls ``fn`` on
-every rank and returns the list of return values in rank order::
-
-    import torch, torch.distributed as dist, lecture_lib
+Distributed training runs one OS process per device (a "rank"); the processes talk
+through ``torch.distributed``. ``run(fn, world_size)`` calls ``fn`` on every rank, inside
+an initialised default process group, and returns the results in rank order::
 
     def total(x):
         t = torch.tensor([x * (dist.get_rank() + 1)])
@@ -16,36 +11,22 @@ every rank and returns the list of return values in rank order::
 
     lecture_lib.run(total, 4, 1.0)        # -> [10.0, 10.0, 10.0, 10.0]
 
-How it works (what a notebook needs that ``torch.multiprocessing.spawn``
-does not give):
+What a notebook needs that ``torch.multiprocessing.spawn`` does not give:
 
-* ``fn`` is serialised *by value* with cloudpickle, so it may be a lambda, a
-  closure or a function defined in a notebook cell.
-* Worker processes stay alive between calls ("warm pool", :mod:`.pool`):
-  importing torch costs seconds. So does, at the scale of a warm call,
-  tearing a gloo process group down (tens of milliseconds), so the ranks'
-  default process group (rendezvous through a TCPStore that the caller hosts
-  on a free port) is made on a pool's first call and kept for the next ones.
-  Every call starts from the same state: only that group exists (the groups a
-  call creates are destroyed after it; after a call in which any rank sent or
-  received point to point, where a message could be left unreceived, the
-  default group too), and the default dtype, grad mode and
-  ``torch.distributed``'s functions are restored. Other global state a
-  function changes (a monkeypatched module, a seed) persists in the worker,
-  so a rank function should leave the process as it found it.
-* What a rank prints is written to a per-rank log and printed by the caller
-  with a ``[rank r]`` prefix (workers' output does not reach a notebook).
-* A rank that raises ends the call at once with :class:`RankError` (its
-  traceback attached); a rank that is stuck past ``timeout`` ends it with
-  :class:`RankTimeout`, which shows every stuck rank's Python stack (dumped
-  with :mod:`faulthandler`). In both cases, and on KeyboardInterrupt, every
-  worker is killed and the next call starts a fresh pool: a failure never
-  poisons the next call, and no process is left behind.
+* ``fn`` travels *by value* (cloudpickle): a lambda, a closure, a notebook cell's function;
+* the workers stay alive between calls with their default group (:mod:`.pool`: importing
+  torch and tearing gloo down cost seconds); each call starts from the same state: the
+  groups a call made are destroyed after it (the default one too after point-to-point
+  messages, where one could be left unreceived), and the default dtype, grad mode and
+  ``torch.distributed``'s functions are restored;
+* what a rank prints comes back prefixed ``[rank r]``;
+* a rank that raises ends the call at once (:class:`RankError`, its traceback attached),
+  a stuck one after ``timeout`` (:class:`RankTimeout`, every stuck rank's stack); then
+  every worker is killed and the next call starts a fresh pool: no process is left behind.
 
-Backends: "auto" picks NCCL with ``cuda:<local rank>`` when the machine has
-at least ``world_size`` GPUs, gloo on CPU otherwise. :func:`device` gives a
-rank its device. The same rank functions run under ``torchrun``
-(env:// rendezvous) through :func:`torchrun_main`.
+Backends: NCCL with ``cuda:<local rank>`` when there is a GPU per rank, gloo on the CPU
+otherwise (:func:`choose_backend`, :func:`device`). The same rank functions run under
+``torchrun`` through :func:`torchrun_main`.
 """
 from __future__ import annotations
 
@@ -67,74 +48,6 @@ __all__ = ["run", "device", "choose_backend", "shutdown", "worker_pids", "torchr
 DEFAULT_TIMEOUT = 180.0
 MAX_IDLE_WORKERS = 12      # warm workers kept across pools before the oldest pool is closed
 
-
-# ----------------------------------------------------------------------------
-# What a rank function calls
-# ----------------------------------------------------------------------------
-
-def device() -> torch.device:
-    """This rank's device: ``cuda:<local rank>`` under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    return torch.device("cpu")
-
-
-def choose_backend(world_size: int, backend: str = "auto") -> str:
-    """NCCL when there is one GPU per rank, else gloo (the CPU backend)."""
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', not {backend!r}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
-                         f"GPUs found={gpus}")
-    return backend
-
-
-# ----------------------------------------------------------------------------
-# The pool of warm workers
-# ----------------------------------------------------------------------------
-
-_POOLS: dict[tuple[int, str], WorkerPool] = {}
-_LOCK = threading.Lock()
-
-
-def _get_pool(world_size: int, backend: str) -> WorkerPool:
-    key = (world_size, backend)
-    pool = _POOLS.pop(key, None)
-    if pool is not None and not pool.alive():
-        pool.close()
-        pool = None
-    while _POOLS and sum(k[0] for k in _POOLS) + world_size > MAX_IDLE_WORKERS:
-        _POOLS.pop(next(iter(_POOLS))).close()  # the least recently used
-    if pool is None:
-        pool = WorkerPool(world_size, backend)
-    _POOLS[key] = pool                          # most recently used last
-    return pool
-
-
-def shutdown() -> None:
-    """Kill every warm worker and stop the zygote that forks them (called at exit; call it
-    yourself to free memory)."""
-    with _LOCK:
-        while _POOLS:
-            _POOLS.popitem()[1].close()
-        zygote.shutdown()
-
-
-atexit.register(shutdown)
-
-
-def worker_pids(world_size: int | None = None) -> list[int]:
-    """Process ids of the warm workers (of pools of ``world_size`` ranks, or all)."""
-    return [pid for (size, _), pool in _POOLS.items() if world_size in (None, size)
-            for pid in pool.pids()]
-
-
-# ----------------------------------------------------------------------------
-# The entry point
-# ----------------------------------------------------------------------------
 
 def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
         **kwargs) -> list:
@@ -165,10 +78,52 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFA
             failed = False
         finally:
             _print_output(pool)
-            if failed:                       # error, timeout or KeyboardInterrupt
+            if failed:                       # error, timeout or KeyboardInterrupt: a fresh pool
                 _POOLS.pop((world_size, backend), None)
                 pool.close()
     return [cloudpickle.loads(r) for r in results]
+
+
+def device() -> torch.device:
+    """This rank's device: ``cuda:<local rank>`` under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return torch.device("cpu")
+
+
+def choose_backend(world_size: int, backend: str = "auto") -> str:
+    """NCCL when there is one GPU per rank, else gloo (the CPU backend)."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', not {backend!r}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
+                         f"GPUs found={gpus}")
+    return backend
+
+
+# ----------------------------------------------------------------------------
+# The warm pools, one per (world size, backend)
+# ----------------------------------------------------------------------------
+
+_POOLS: dict[tuple[int, str], WorkerPool] = {}
+_LOCK = threading.Lock()
+
+
+def _get_pool(world_size: int, backend: str) -> WorkerPool:
+    key = (world_size, backend)
+    pool = _POOLS.pop(key, None)
+    if pool is not None and not pool.alive():
+        pool.close()
+        pool = None
+    while _POOLS and sum(k[0] for k in _POOLS) + world_size > MAX_IDLE_WORKERS:
+        _POOLS.pop(next(iter(_POOLS))).close()  # the least recently used
+    if pool is None:
+        pool = WorkerPool(world_size, backend)
+    _POOLS[key] = pool                          # most recently used last
+    return pool
 
 
 def _print_output(pool: WorkerPool) -> None:
@@ -176,6 +131,24 @@ def _print_output(pool: WorkerPool) -> None:
         text = pool.new_output(rank)
         for line in text.splitlines():
             print(f"[rank {rank}] {line}")
+
+
+def shutdown() -> None:
+    """Kill every warm worker and stop the zygote that forks them (called at exit; call it
+    yourself to free memory)."""
+    with _LOCK:
+        while _POOLS:
+            _POOLS.popitem()[1].close()
+        zygote.shutdown()
+
+
+atexit.register(shutdown)
+
+
+def worker_pids(world_size: int | None = None) -> list[int]:
+    """Process ids of the warm workers (of pools of ``world_size`` ranks, or all)."""
+    return [pid for (size, _), pool in _POOLS.items() if world_size in (None, size)
+            for pid in pool.pids()]
 
 
 # ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
-from ..dims import ParallelDims
+from ..dims import ParallelDims, Recipe
 from ..mesh import grid_coordinates, grid_groups
 from ..metrics import model_flops_per_token, training_days
 from . import fmt
@@ -60,7 +60,7 @@ def q4() -> list[str]:
     """GPT-3 175B, tp across nodes, on 1024 then 2048 A100s (dp 8 -> 16, global batch 1536):
     compute and tp communication both halve; the well-placed 1024-GPU step; the link ratio."""
     gpt3, batch = PRESETS["GPT-3 175B"], 1536
-    lecture = Parallelism(ParallelDims(dp=8, tp=8, pp=16, microbatch_size=1, zero_stage=1),
+    lecture = Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(microbatch_size=1, zero_stage=1),
                           recompute="full")
     twice = replace(lecture, dims=replace(lecture.dims, dp=16))
     double = replace(A100_CLUSTER, nodes=2 * A100_CLUSTER.nodes)
