@@ -18,7 +18,7 @@ import importlib
 import re
 from typing import Callable
 
-_NUMBER = re.compile(r"^\d+[a-z]?_")           # the notebook's place in the course: 03_, 02b_
+_NUMBER = re.compile(r"^(?:\d+[a-z]?|A\d+)_")   # the notebook's place in the course: 03_, A1_
 
 
 def module_name(notebook: str) -> str:

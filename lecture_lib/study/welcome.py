@@ -15,20 +15,20 @@ def q1_seven_billion() -> list[str]:
     return [fmt(state / 1e9, "GB"), f"{devices:.0f} devices"]
 
 
-def q3_gpt3_layout() -> list[str]:
+def q2_gpt3_layout() -> list[str]:
     """Model state per GPU when tensor x pipeline GPUs share one copy, for two layouts."""
     state = model_state_bytes(GPT3_PARAMS)
     return [fmt(state / (8 * 16) / 1e9, "GB"), fmt(state / (8 * 8) / 1e9, "GB")]
 
 
-def q4_global_batch() -> list[str]:
+def q3_global_batch() -> list[str]:
     """global batch = micro-batch x accumulation steps x dp; in tokens at 2048 per sequence."""
     micro, accumulation, dp, seq = 4, 8, 16, 2048
     sequences = micro * accumulation * dp
     return [f"{sequences} sequences", f"{sequences * seq:,} tokens"]
 
 
-def q5_bf16_state() -> list[str]:
+def q4_bf16_state() -> list[str]:
     """The 7B model's state in plain fp32 (4 + 4 + 4 + 4 bytes) and all in bf16, no master copy
     (2 + 2 + 2 + 2 bytes); how many 80 GB devices the bf16 state needs."""
     fp32 = model_state_bytes(SEVEN_B, optimizer_bytes_per_param=8, param_bytes=4, grad_bytes=4)
@@ -38,5 +38,5 @@ def q5_bf16_state() -> list[str]:
     return [fmt(fp32 / 1e9, "GB"), fmt(bf16 / 1e9, "GB"), f"{devices:.0f} device"]
 
 
-ANSWERS = {"Q1": q1_seven_billion, "Q3": q3_gpt3_layout, "Q4": q4_global_batch,
-           "Q5": q5_bf16_state}
+ANSWERS = {"Q1": q1_seven_billion, "Q2": q2_gpt3_layout, "Q3": q3_global_batch,
+           "Q4": q4_bf16_state}
