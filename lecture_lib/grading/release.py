@@ -44,10 +44,9 @@ SKIP_NAMES = ("__pycache__", ".ipynb_checkpoints", ".pytest_cache", "*.pyc", "*.
 #: Makefile's INSTRUCTOR_TESTS runs them there; tests/test_release.py checks the two agree.
 SKIP_TESTS = ("test_grading*.py", "tamper_routes.py", "grading_users.py", "test_gradescope.py",
               "test_release.py")
-#: The sections of README.md, by the start of their ``## `` heading and in this order, that
-#: make the release's README: what a student has and does, then the course itself.
-README_SECTIONS = ("For students", "Before you start", "The course", "Running ranks",
-                   "The capstone at full size")
+#: The sections of README.md (by the start of their ``## `` heading) the release's README leaves
+#: out: README.md is written for students, but for this one pointer to the instructors' docs.
+INSTRUCTOR_SECTIONS = ("For instructors and maintainers",)
 #: A path into the pack, as README.md names one (``exercises/exNN_*.py``, ``notebooks/<nb>.ipynb``).
 _PATH = re.compile(r"(?<![\w./-])((?:lecture_lib|notebooks|exercises|examples|tests|tools|solutions"
                    r"|\.ci)(?:/[\w.*<>-]*)*)")
@@ -111,16 +110,14 @@ def _sections(readme: str) -> dict[str, str]:
 
 
 def student_readme(readme: str) -> str:
-    """The release's README.md: the title of ``readme`` and its :data:`README_SECTIONS`."""
-    title = readme.splitlines()[0]
+    """The release's README.md: ``readme`` without its :data:`INSTRUCTOR_SECTIONS` (they point
+    at documents the release leaves out)."""
     sections = _sections(readme)
-    out = [title + "\n\n"]
-    for start in README_SECTIONS:
-        found = [text for heading, text in sections.items() if heading.startswith(start)]
-        if len(found) != 1:
-            raise ValueError(f"README.md has {len(found)} sections named '## {start}...', "
-                             "not one (lecture_lib/grading/release.py, README_SECTIONS)")
-        out.append(found[0].rstrip() + "\n\n")
+    first = readme.find("\n## ")
+    out = [readme if first < 0 else readme[:first + 1]]
+    for heading, text in sections.items():
+        if not heading.startswith(INSTRUCTOR_SECTIONS):
+            out.append(text)
     return "".join(out).rstrip() + "\n"
 
 
@@ -151,7 +148,7 @@ def _check(target: Path, released: list[str]) -> None:
     assert (target / "exercises").is_dir() and EXERCISES.is_dir()
     if (missing := absent_names((target / "README.md").read_text(), target)):
         raise RuntimeError(f"the release's README.md names what the release lacks: {missing} "
-                           f"(README.md's sections {', '.join(README_SECTIONS)})")
+                           "(README.md, outside its instructors' section)")
 
 
 # -- the release's `make test`: exercises not written yet ------------------------------------
