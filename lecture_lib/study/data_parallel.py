@@ -1,4 +1,4 @@
-"""The data-parallel notebook's hand calculations: global batch, per-call latency, bucket size.
+"""The data-parallel notebook's hand calculations: global batch, per-call latency, hiding.
 
 * Q2: the global batch identity ``B = b x m x dp`` (micro-batch, accumulation steps,
   data-parallel degree; Goyal et al. 2017 train with the global batch as the unit;
@@ -6,22 +6,27 @@
 * Q3: the latency of ``naive`` DDP, one ring all-reduce per parameter tensor against one
   flat all-reduce: ``2 (p-1) alpha`` each (Thakur et al. 2005; ``costmodel.collective_time``
   with zero bytes).
-* Q4: CS336's bucket model, best bucket ``sqrt(n w o)`` for ``n`` bytes of gradients
-  (``costmodel.best_bucket_bytes``), with the ring's ``o = 2 (p-1) alpha`` and
-  ``w = beta p / (2 (p-1))`` on NVLink, so ``n w o = n alpha beta p``.
-* Q5 (what if): the same model on half the GPUs: the best bucket scales as ``sqrt(p)``.
+* Q4: backward hides all but the last bucket when ``t_bwd >= t_comm - t_last`` (Li et al.
+  2020, section 3.2.3); with ``t_bwd = t_token x T``, ``T`` tokens per rank, that is
+  ``T >= (t_comm - t_last) / t_token``. Backward costs ``4 N`` FLOPs per token (twice the
+  forward's ``2 N``; Kaplan et al. 2020), run at ``EFFICIENCY`` of the H100's dense bf16
+  peak (``costmodel.H100_BF16_FLOPS``); each bucket's all-reduce costs the ring's
+  ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink (``costmodel.NVLINK_H100``).
+* Q5 (what if): the same model accumulating ``m`` micro-batches under ``no_sync``: the
+  all-reduces hide behind the last micro-batch's backward alone, so the threshold is
+  per micro-batch and does not fall with ``m``; the communication per sample does.
 """
 from __future__ import annotations
 
 import math
 
-from ..costmodel import NVLINK_H100, best_bucket_bytes, collective_time
+from ..costmodel import H100_BF16_FLOPS, NVLINK_H100, collective_time
 from ..models import GPT, GPTConfig
 from . import fmt
 
 MICRO_BATCH, ACCUMULATION, DP, SEQ_LEN = 4, 16, 64, 2048
-BUCKET_MODEL_PARAMS, BUCKET_GRAD_BYTES = 7e9, 2     # a 7B model, bf16 gradients
-BUCKET_GPUS, WHAT_IF_GPUS = 8, 4                    # one H100 node; then half of it
+PARAMS, GRAD_BYTES, BUCKET_BYTES, GPUS, EFFICIENCY = 1e9, 2, 25e6, 8, 0.5
+WHAT_IF_MICRO_BATCHES = 4
 
 
 def global_batch(microbatch_size: int, accumulation: int, dp: int) -> int:
@@ -29,16 +34,17 @@ def global_batch(microbatch_size: int, accumulation: int, dp: int) -> int:
     return microbatch_size * accumulation * dp
 
 
-def ring_bucket_constants(p: int, link=NVLINK_H100) -> tuple[float, float]:
-    """``(o, w)`` of the bucket model for a ring all-reduce over ``p`` ranks on ``link``:
-    ``o = 2 (p-1) alpha`` (s per call), ``w = beta p / (2 (p-1))`` (bytes/s)."""
-    return 2 * (p - 1) * link.alpha, link.beta * p / (2 * (p - 1))
-
-
-def best_ring_bucket(model_bytes: float, p: int, link=NVLINK_H100) -> float:
-    """The bucket model's best bucket (bytes) for a ring over ``p`` ranks on ``link``."""
-    o, w = ring_bucket_constants(p, link)
-    return best_bucket_bytes(model_bytes, w, o)
+def hiding_threshold() -> dict:
+    """t_comm, t_last, backward seconds per token, and the tokens per rank that hide the rest."""
+    total = PARAMS * GRAD_BYTES
+    buckets = math.ceil(total / BUCKET_BYTES)
+    last = total - (buckets - 1) * BUCKET_BYTES
+    t_comm = ((buckets - 1) * collective_time("all_reduce", BUCKET_BYTES, GPUS, NVLINK_H100)
+              + collective_time("all_reduce", last, GPUS, NVLINK_H100))
+    t_last = collective_time("all_reduce", last, GPUS, NVLINK_H100)
+    per_token = 4 * PARAMS / (EFFICIENCY * H100_BF16_FLOPS)
+    return {"buckets": buckets, "t_comm": t_comm, "t_last": t_last, "per_token": per_token,
+            "tokens": (t_comm - t_last) / per_token}
 
 
 def q2() -> list[str]:
@@ -53,19 +59,15 @@ def q3() -> list[str]:
 
 
 def q4() -> list[str]:
-    n = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
-    o, w = ring_bucket_constants(BUCKET_GPUS)
-    return [fmt(n / 1e9, "GB"), fmt(o * 1e6, "us"), fmt(w / 1e9, "GB/s"),
-            fmt(best_ring_bucket(n, BUCKET_GPUS) / 1e6, "MB")]
+    r = hiding_threshold()
+    return [f"{r['buckets']} buckets", fmt(r["t_comm"] * 1e3, "ms"), fmt(r["t_last"] * 1e6, "us"),
+            fmt(r["per_token"] * 1e6, "us"), f"{math.ceil(r['tokens']):,} tokens"]
 
 
 def q5() -> list[str]:
-    n = BUCKET_MODEL_PARAMS * BUCKET_GRAD_BYTES
-    o, w = ring_bucket_constants(WHAT_IF_GPUS)
-    full, half = best_ring_bucket(n, BUCKET_GPUS), best_ring_bucket(n, WHAT_IF_GPUS)
-    assert math.isclose(full / half, math.sqrt(BUCKET_GPUS / WHAT_IF_GPUS))
-    return [fmt(o * 1e6, "us"), fmt(w / 1e9, "GB/s"), fmt(half / 1e6, "MB"),
-            f"{full / half:.2f}x"]
+    r, m = hiding_threshold(), WHAT_IF_MICRO_BATCHES
+    tokens = math.ceil(r["tokens"])
+    return [f"{tokens:,} tokens", f"{m * tokens:,} tokens", f"{m} times"]
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5}
