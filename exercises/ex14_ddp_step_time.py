@@ -27,7 +27,7 @@ on a stream of their own. Predict how long one step takes.
    done. Return the step's seconds. ``ValueError`` when the two lists differ
    in length or are empty, or any time or size is negative.
 
-3. On paper: notebook 02b reads the emulated step against Li et al.'s closed form
+3. On paper: notebook 02 reads the emulated step against Li et al.'s closed form
    ``t_step ~= t_fwd + max(t_bwd, t_comm - t_last) + t_last + t_opt`` (times ``t``
    in seconds; ``t_comm`` all the all-reduces, ``t_last`` the last bucket's).
    Write the end of the last all-reduce in closed form (the communication stream

@@ -24,7 +24,7 @@ on a stream of their own. Predict how long one step takes.
    done. Return the step's seconds. ``ValueError`` when the two lists differ
    in length or are empty, or any time or size is negative.
 
-3. On paper: notebook 02b reads the emulated step against Li et al.'s closed form
+3. On paper: notebook 02 reads the emulated step against Li et al.'s closed form
    ``t_step ~= t_fwd + max(t_bwd, t_comm - t_last) + t_last + t_opt`` (times ``t``
    in seconds; ``t_comm`` all the all-reduces, ``t_last`` the last bucket's).
    Write the end of the last all-reduce in closed form (the communication stream
@@ -55,7 +55,7 @@ def ring_all_reduce_seconds(nbytes, world_size, alpha, beta):
 def bucketed_step_seconds(forward, backward_per_bucket, bucket_bytes, optimizer, world_size,
                           alpha, beta):
     # BEGIN SOLUTION
-    """The closed form of notebook 02b, and when it holds. Write ``F``, ``B`` (the
+    """The closed form of notebook 02, and when it holds. Write ``F``, ``B`` (the
     sum of ``backward_per_bucket``), ``c_i`` the all-reduce of bucket ``i``,
     ``C = sum c_i``, ``c_last`` the last one, ``O`` the optimizer, ``r_i`` the
     ready time of bucket ``i`` (``r_last = F + B``). The communication stream is

@@ -1,6 +1,6 @@
 """The calibration table (lecture_lib.calibration.published): the emulation against published
 GPU measurements (lecture_lib.emulate.published). Fitted anchors must be reproduced, checks the
-constants never saw must agree within the tolerances notebook 02b asserts."""
+constants never saw must agree within the tolerances appendix A2 asserts."""
 
 import pytest
 
@@ -44,4 +44,4 @@ def test_checks_agree(rows):
 
 
 # The end-to-end row (llm.c's GPT-2 step on 8 emulated H100s, about a minute of 8 dry-run ranks)
-# is asserted with every other check in notebook 02b's calibration table, which CI runs.
+# is asserted with every other check in appendix A2's calibration table, which CI runs.

@@ -144,7 +144,7 @@ def test_other_communication_kinds_can_be_named():
 
 
 def test_rows_already_split_by_the_caller_stay_one_bar_high():
-    """02b's and 05's figures pass one row of compute and one of comm per variant."""
+    """02's and 05's figures pass one row of compute and one of comm per variant."""
     lines = {"flat: compute": [("compute", 0.0, 2.0), ("idle", 2.0, 2.5)],
              "flat: comm": [("comm", 2.0, 2.5)]}
     fig, ax = plt.subplots()

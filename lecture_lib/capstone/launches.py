@@ -2,7 +2,7 @@
 
 A small model on a GPU is *launch-bound*: the host (Python and PyTorch's dispatcher) needs
 longer to launch each kernel than the kernel runs, so the step lasts about
-``kernels x launch_seconds`` (:mod:`lecture_lib.emulate`, notebook 10). Two remedies:
+``kernels x launch_seconds`` (:mod:`lecture_lib.emulate`, appendix A2). Two remedies:
 a **CUDA graph** launches the recorded kernels at once (no host cost per kernel), and
 **torch.compile** (Ansel et al. 2024, "PyTorch 2") launches fewer kernels: TorchDynamo captures
 the model's Python as an FX graph, AOTAutograd derives the backward graph ahead of time, and
