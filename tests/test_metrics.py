@@ -17,8 +17,10 @@ def test_timer_splits_phases_and_records_spans():
         time.sleep(0.03)
     with timer("comm"):
         time.sleep(0.01)
-    assert timer.totals["compute"] > timer.totals["comm"] > 0
-    assert 0.5 < timer.share("compute") < 1
+    # a sleep lasts at least what it asks for, however busy the machine (longer: any amount)
+    assert timer.totals["compute"] >= 0.03 and timer.totals["comm"] >= 0.01
+    assert 0 < timer.share("compute") < 1
+    assert timer.share("compute") + timer.share("comm") == pytest.approx(1)
     (k1, s1, e1), (k2, s2, e2) = timer.spans
     assert (k1, k2) == ("compute", "comm") and 0 <= s1 < e1 <= s2 < e2
 
