@@ -128,7 +128,7 @@ test: $(SETUP)
 	@$(PY) -c 'import lecture_lib, pathlib, sys; here = pathlib.Path(lecture_lib.__file__).parents[1]; sys.exit(None if here.samefile(".") else f"lecture_lib is imported from {here}, not from this folder")'
 	$(VENV)/bin/ruff check $(wildcard lecture_lib tests exercises examples tools)
 	$(call run_tests,tests)
-	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=lines $(PY) -m pytest -n $(JOBS) --dist loadfile \
+	OMP_NUM_THREADS=1 LECTURE_LIB_PROGRESS=off $(PY) -m pytest -n $(JOBS) --dist loadfile \
 		--nbval-lax --durations=10 notebooks
 
 release-test test-extended test-browser exercises:

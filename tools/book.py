@@ -62,7 +62,7 @@ def stale(notebooks: list[Path], executed: Path) -> list[Path]:
 def execute(notebooks: list[Path], executed: Path, jobs: int) -> None:
     """Run ``notebooks`` under nbval as `make test` does; conftest.py keeps the copies."""
     env = dict(os.environ, LECTURE_EXECUTED_DIR=str(executed), OMP_NUM_THREADS="1",
-               LECTURE_LIB_PROGRESS="lines")
+               LECTURE_LIB_PROGRESS="off")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
            *(["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 and len(notebooks) > 1 else []),
            *map(str, notebooks)]

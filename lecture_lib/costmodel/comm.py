@@ -44,7 +44,9 @@ class Link:
 # roughly 270-360 GB/s in practice, so we take 300 GB/s. InfiniBand NDR: 400 Gb/s = 50 GB/s per
 # NIC, one NIC per GPU in a DGX H100 (NVIDIA DGX H100 user guide); ~45 GB/s achieved.
 NVLINK_H100 = Link("NVLink (H100, in a node)", alpha=3e-6, beta=300e9,
-                   source="NVIDIA H100 datasheet (900 GB/s NVLink per GPU, bidirectional)")
+                   source="a round figure for what NCCL's ring all-reduce reaches on 8 H100s "
+                          "(nccl-tests: 270-370 GB/s bus bandwidth) of NVLink's 450 GB/s each "
+                          "way (NVIDIA H100 datasheet: 900 GB/s bidirectional)")
 INFINIBAND_NDR = Link("InfiniBand NDR (across nodes)", alpha=10e-6, beta=45e9,
                       source="NVIDIA ConnectX-7 / DGX H100: 400 Gb/s per GPU")
 # The A100 generation the Megatron-LM paper trained GPT-3 175B on (Narayanan et al. 2021, section
