@@ -348,7 +348,7 @@ def test_json_and_gradescope_carry_the_whole_message(tmp_path):
     write_json([result], out)
     (row,) = json.loads(out.read_text())
     assert [t["message"] for t in row["tests"]] == list(whole.values())
-    assert set(row["tests"][0]) == {"name", "passed", "message"}
+    assert set(row["tests"][0]) == {"name", "passed", "weight", "message", "output"}
     output = gradescope([result])["tests"][0]["output"]
     for line in _rank_message().splitlines():
         assert line in output

@@ -228,6 +228,8 @@ class Sandbox:
             code = None
         output = self.tail.since(0)[-2000:]
         self.close()
+        if code is not None and code > 128 and self.isolation == isolation.NAMESPACE:
+            code = 128 - code               # bubblewrap exits 128 + N when its child dies of N
         if code is not None and code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
             why = f"killed by {name}"
