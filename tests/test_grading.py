@@ -121,7 +121,7 @@ def test_partial_credit_and_extra_tests(tmp_path):
     (r,) = grading.grade(folder, extra=extra, timeout=120)
     assert 0 < r.passed < r.total and 0 < r.points < r.max_points
     pack = [t for t in r.tests if t["name"] != "test_private"]
-    assert len(pack) == r.total - 1 >= 5  # the pack's tests (parametrized ones each count) + 1 private
+    assert len(pack) == r.total - 1 >= 5   # the pack's tests (each parametrization) + 1 private
     assert any(t["name"] == "test_private" and t["passed"] for t in r.tests)
 
 
