@@ -11,7 +11,9 @@
   ``T >= (t_comm - t_last) / t_token``. Backward costs ``4 N`` FLOPs per token (twice the
   forward's ``2 N``; Kaplan et al. 2020), run at ``EFFICIENCY`` of the H100's dense bf16
   peak (``costmodel.H100_BF16_FLOPS``); each bucket's all-reduce costs the ring's
-  ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink (``costmodel.NVLINK_H100``).
+  ``2 (p-1) alpha + 2 (p-1)/p n / beta`` on NVLink (``costmodel.NVLINK_H100``). The
+  gradients are cut into full buckets of 25 MiB (torch's ``bucket_cap_mb=25`` counts MiB), the
+  last one partial; a real model's buckets close at tensor boundaries, so it has a few more.
 * Q5 (what if): the same model accumulating ``m`` micro-batches under ``no_sync``: the
   all-reduces hide behind the last micro-batch's backward alone, so the threshold is
   per micro-batch and does not fall with ``m``; the communication per sample does.
@@ -25,7 +27,7 @@ from ..models import GPT, GPTConfig
 from . import fmt
 
 MICRO_BATCH, ACCUMULATION, DP, SEQ_LEN = 4, 16, 64, 2048
-PARAMS, GRAD_BYTES, BUCKET_BYTES, GPUS, EFFICIENCY = 1e9, 2, 25e6, 8, 0.5
+PARAMS, GRAD_BYTES, BUCKET_BYTES, GPUS, EFFICIENCY = 1e9, 2, 25 * 2**20, 8, 0.5
 WHAT_IF_MICRO_BATCHES = 4
 
 
