@@ -37,5 +37,10 @@ def test_q5_uses_one_kv_head_per_rank_at_tp8():
 
 def test_q4_threshold_is_bf16():
     """Q4 asks in bf16 (e = 2 bytes per value); notebook 05's section 7 uses e = 4 (fp32)."""
-    per_rank, _ = study.hop_hiding_length()
-    assert per_rank == f"{2 * H100_BF16_FLOPS / NVLINK_H100.beta:.0f} tokens"
+    per_rank, _, gqa, chunks, share, at_share = study.hop_hiding_length()
+    local = 2 * H100_BF16_FLOPS / NVLINK_H100.beta
+    assert per_rank == f"{local:.0f} tokens"
+    assert gqa == f"{local / 4:.0f} tokens"            # Llama 3 8B: K/V a quarter of h wide (GQA)
+    assert chunks == "512-token chunks" and 0 < float(share.rstrip("%")) < 100
+    # the share is printed rounded to 0.1%: the threshold it gives is within a token of the text
+    assert abs(int(at_share.split()[0]) - local / 4 * float(share.rstrip("%")) / 100) <= 1

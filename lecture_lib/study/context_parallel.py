@@ -4,14 +4,16 @@ The model is :data:`lecture_lib.costmodel.memory.PRESETS` ``"Llama-style 70B"`` 
 h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, tp = 8 with sequence
 parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Q5 asks what
 Llama 3 70B's grouped-query attention (8 K/V heads of 128, Dubey et al. 2024, Table 3)
-changes. Bytes from
+changes. Q4 ends on the notebook's section 7, a Llama 3 8B layer in the dry run. Bytes from
 :func:`lecture_lib.costmodel.context_parallel.ring_bytes_per_layer` and
 ``ulysses_bytes_per_layer``; the load imbalance from
 :func:`lecture_lib.context_parallel.ring_schedule`.
 """
 from __future__ import annotations
 
+from .. import emulate
 from ..context_parallel import ring_schedule
+from ..context_parallel.emulated import LLAMA3_8B_LAYER
 from ..costmodel import NVLINK_H100
 from ..costmodel import context_parallel as cpm
 from ..costmodel.memory import PRESETS, model_state_bytes
@@ -96,9 +98,18 @@ def hop_hiding_length() -> list[str]:
     """Q4: local tokens s/cp from which a bf16 K/V hop on H100 NVLink hides behind a fused
     causal zig-zag block at peak (half a full block's 4 b (s/cp)^2 h FLOPs, as
     :func:`~lecture_lib.costmodel.context_parallel.cp_exposed_comm` charges it):
-    2 b (s/cp)^2 h / F >= 2 b (s/cp) h e / beta, i.e. s/cp >= e F / beta."""
+    2 b (s/cp)^2 h / F >= 2 b (s/cp) h e / beta, i.e. s/cp >= e F / beta.
+
+    Then the notebook's section 7 (Llama 3 8B, GQA: K/V h_kv = h/4 wide): the threshold with
+    GQA, and with the share of the peak the emulator charges a flash kernel on the 512-token
+    chunks of its 8K-token run (forward, unmasked, head size 128; 2 cp = 16 chunks)."""
     local = 2 * H100_BF16_FLOPS / NVLINK_H100.beta
-    return [f"{local:.0f} tokens", f"{local * CP:.0f} tokens"]
+    layer = LLAMA3_8B_LAYER
+    gqa = local * layer.n_kv_heads * layer.head_dim / layer.d_model
+    chunk = 8192 // (2 * CP)
+    share = emulate.preset("h100-node").device.attention.share(False, layer.head_dim, chunk, False)
+    return [f"{local:.0f} tokens", f"{local * CP:.0f} tokens", f"{gqa:.0f} tokens",
+            f"{chunk}-token chunks", f"{share:.1%}", f"{gqa * share:.0f} tokens"]
 
 
 ANSWERS = {"Q1": activations_at_cp8, "Q2": bytes_per_layer, "Q3": causal_imbalance,
