@@ -1,5 +1,10 @@
-"""The welcome notebook's self-study answers, computed with the course's memory model."""
+"""The welcome notebook's self-study answers, computed with the course's memory model, and the
+course's reading times."""
 from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
 
 from ..costmodel import GB, model_state_bytes
 from . import fmt
@@ -40,3 +45,59 @@ def q4_bf16_state() -> list[str]:
 
 ANSWERS = {"Q1": q1_seven_billion, "Q2": q2_gpt3_layout, "Q3": q3_global_batch,
            "Q4": q4_bf16_state}
+
+
+# ----------------------------------------------------------------------------
+# Reading times (the README's "reading" column, recomputed by notebook 00)
+# ----------------------------------------------------------------------------
+
+WORDS_PER_MINUTE = 200       # prose (Brysbaert 2019 measured 238 for silent reading)
+CODE_LINES_PER_MINUTE = 20
+OUTPUT_LINES_PER_MINUTE = 40
+MINUTES_PER_FIGURE = 1.0
+
+
+def _executed(notebook: Path, executed: Path | None) -> dict | None:
+    """The executed copy of ``notebook`` in ``executed``, if it ran from the same source."""
+    copy = executed / notebook.name if executed is not None else None
+    if copy is None or not copy.exists():
+        return None
+    nb = json.loads(copy.read_text())
+    ran = nb.get("metadata", {}).get("lecture_lib", {}).get("source_sha256")
+    return nb if ran == hashlib.sha256(notebook.read_bytes()).hexdigest() else None
+
+
+def reading_minutes(notebook: Path, executed: Path | None = None) -> tuple[float, bool]:
+    """Minutes to read ``notebook`` with care, and whether its outputs were counted.
+
+    Prose at WORDS_PER_MINUTE (folded answers included), code at CODE_LINES_PER_MINUTE,
+    printed output at OUTPUT_LINES_PER_MINUTE and MINUTES_PER_FIGURE per figure. Outputs and
+    figures come from the executed copy in ``executed`` when it ran from this source;
+    otherwise each ``plt.show()`` counts as a figure and printed lines are not counted.
+    """
+    cells = json.loads(notebook.read_text())["cells"]
+    text = {kind: ["".join(c["source"]) for c in cells if c["cell_type"] == kind]
+            for kind in ("markdown", "code")}
+    words = sum(len(t.split()) for t in text["markdown"])
+    code = sum(len(t.splitlines()) for t in text["code"])
+    ran = _executed(notebook, executed)
+    if ran is None:
+        figures, printed = sum(t.count("plt.show()") for t in text["code"]), 0
+    else:
+        outputs = [o for c in ran["cells"] for o in c.get("outputs", [])]
+        figures = sum("image/png" in o.get("data", {}) for o in outputs)
+        printed = sum(len("".join(o.get("text", o.get("data", {}).get("text/plain", "")))
+                          .splitlines()) for o in outputs if "image/png" not in o.get("data", {}))
+    minutes = (words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
+               + printed / OUTPUT_LINES_PER_MINUTE + figures * MINUTES_PER_FIGURE)
+    return minutes, ran is not None
+
+
+def reading_times(folder: Path, executed: Path | None = None) -> str:
+    """One line per notebook of ``folder``: its name and reading minutes ('*': outputs not
+    counted, no executed copy of this source)."""
+    lines = []
+    for path in sorted(Path(folder).glob("[0-9A]*.ipynb")):
+        minutes, counted = reading_minutes(path, executed)
+        lines.append(f"{path.stem:28s} {minutes:3.0f} min{'' if counted else ' *'}")
+    return "\n".join(lines)
