@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 
 from ...costmodel.memory import GB, PRECISIONS, PRESETS, RECOMPUTE, memory_per_device
 from .. import plots
+from ..check import check_figure
 from . import explorer
 
 KINDS = ("params", "grads", "optimizer", "activations")
@@ -33,8 +34,8 @@ def plot_memory(ax, breakdowns: dict, device_gb: float = 80.0, highlight: str | 
             height = breakdowns[label][kind] / GB
             ax.bar(i, height, bottom=bottom, color=KIND_COLORS[kind], width=0.6,
                    label=kind if i == 0 else None,
-                   edgecolor="black" if label == highlight else "white",
-                   linewidth=2 if label == highlight else 0.5)
+                   edgecolor="black" if label == highlight else "none",
+                   linewidth=2 if label == highlight else 0)   # no white edge: thin parts show
             bottom += height
         ax.text(i, bottom, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(device_gb, color="#C44E52", linestyle="--", label=f"{device_gb:g} GB device")
@@ -61,15 +62,18 @@ def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp:
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_memory(ax, bars, device_gb, highlight=f"ZeRO-{zero_stage}",
                 title=f"{preset}: dp={dp}, tp={tp}, pp={pp}, micro-batch {microbatch_size}, "
-                      f"seq {seq_len or shape.seq_len}, recompute {recompute}")
-    plots.stamp(fig, text="formulas: Rajbhandari et al. 2020 (ZeRO), "
+                      f"seq {seq_len or shape.seq_len},\nrecompute {recompute}, "
+                      f"sequence parallelism {'on' if sequence_parallel else 'off'}")
+    plots.stamp(fig, text="modelled: Rajbhandari et al. 2020 (ZeRO), "
                           "Korthikanti et al. 2022 (activations)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))              # the stamp below the tick labels
+    check_figure(fig)
     return fig, bars
 
 
-def memory_calculator():
-    """The interactive panel (a notebook cell ends with it)."""
+def memory_calculator(**initial):
+    """The interactive panel (a notebook cell ends with it); ``initial`` sets controls' values,
+    e.g. ``memory_calculator(dp=16)``."""
     style = {"description_width": "110px"}
     controls = {
         "preset": w.Dropdown(options=list(PRESETS), value="GPT-3 175B", description="model",
@@ -99,5 +103,10 @@ def memory_calculator():
                      f"tp={values['tp']}, pp={values['pp']}: {chosen:,.1f} GB per device, "
                      f"{verdict} an 80 GB device"}
 
+    unknown = set(initial) - set(controls)
+    if unknown:
+        raise ValueError(f"no such control: {sorted(unknown)}")
+    for key, value in initial.items():
+        controls[key].value = value
     rows = [w.HBox([w.VBox(list(controls.values())[:5]), w.VBox(list(controls.values())[5:])])]
     return explorer(controls, render, rows)
