@@ -7,7 +7,12 @@ import pytest  # noqa: E402
 
 from lecture_lib import pipeline as pp  # noqa: E402
 from lecture_lib.figures.check import check_figure  # noqa: E402
-from lecture_lib.figures.pictures.interleaved import chunk_assignment, draw_interleaved  # noqa: E402
+from lecture_lib.figures.pictures.interleaved import (  # noqa: E402
+    CHUNK_COLORS,
+    chunk_assignment,
+    draw_interleaved,
+    draw_interleaved_timeline,
+)
 from lecture_lib.models import GPT, GPTConfig  # noqa: E402
 
 
@@ -41,5 +46,18 @@ def test_unequal_split_and_picture():
     assert [r for *_, r in assignment[1]] == [range(1, 3), range(5, 8)]
     texts = {t.get_text() for t in fig.findobj(matplotlib.text.Text)}
     assert {"chunk 0\nlayer 0", "chunk 1\nlayers 5-7", "stage 3\nrank 1"} <= texts
+    check_figure(fig)
+    plt.close(fig)
+
+
+def test_interleaved_timeline_shades_chunks_apart_and_labels_every_box():
+    sim = pp.simulate(pp.make_schedule("interleaved-1f1b", 4, 8, 2), 1, 1, 1)
+    fig, ax = plt.subplots(figsize=(11, 2.6))
+    drawn = draw_interleaved_timeline(ax, sim.timeline, "interleaved")
+    assert {(b["kind"], b["chunk"]) for b in drawn} == {("F", 0), ("F", 1), ("B", 0), ("B", 1)}
+    assert all(b["color"] == CHUNK_COLORS[b["kind"], b["chunk"]] for b in drawn)
+    assert all(b["text"] == str(b["microbatch"]) for b in drawn)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "F chunk 0", "F chunk 1", "B chunk 0", "B chunk 1"]
     check_figure(fig)
     plt.close(fig)

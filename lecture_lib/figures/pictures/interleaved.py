@@ -16,9 +16,10 @@ actions) and layer split (:func:`lecture_lib.pipeline.layer_ranges`, what
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
 from ...pipeline import Schedule, layer_ranges
-from ..plots import COLORS
+from ..plots import COLORS, plot_timeline
 
 RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
                "#8C8C8C")
@@ -74,3 +75,32 @@ def draw_interleaved(schedule: Schedule, n_layers: int, layers=None):
         ax.grid(False)
     fig.tight_layout()
     return fig, assignment
+
+
+# Interleaved 1F1B's timeline: each kind in two clearly different shades, one per chunk
+# (plots.plot_timeline's default lightens chunk 1, too faint for half-width boxes).
+CHUNK_COLORS = {("F", 0): "#4C72B0", ("F", 1): "#1B2E52", ("B", 0): "#DD8452",
+                ("B", 1): "#8B3E12", ("W", 0): "#55A868", ("W", 1): "#245C34"}
+
+
+def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
+                              fontsize: float = 8) -> list[dict]:
+    """``plots.plot_timeline`` of an interleaved schedule, recoloured so the two chunks read
+    apart (:data:`CHUNK_COLORS`), every box labelled with its micro-batch in white, and a
+    legend outside the data. Returns plot_timeline's list of drawn spans (colours updated)."""
+    first = len(ax.patches)
+    drawn = plot_timeline(ax, timeline, title, unit="s", labels=False, legend=False)
+    used = {}
+    for patch, box in zip(ax.patches[first:], drawn):
+        key = (box["kind"], box["chunk"] or 0)
+        box["color"] = CHUNK_COLORS.get(key, box["color"])
+        patch.set_facecolor(box["color"])
+        used[key] = box["color"]
+        if box["microbatch"] is not None:
+            box["text"] = str(box["microbatch"])
+            ax.text(box["start"] + box["width"] / 2, box["y"], box["text"], ha="center",
+                    va="center", fontsize=fontsize, color="white")
+    handles = [Patch(color=c, label=f"{k} chunk {ch}") for (k, ch), c in sorted(
+        used.items(), key=lambda kv: ("FBW".find(kv[0][0]), kv[0][1]))]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return drawn
