@@ -51,24 +51,30 @@ def dispatch_example(p: int = 4, tokens_per_rank: int = 6, num_experts: int = 4,
             "recv": [plan.recv_splits for plan in plans], "experts_of": experts_of}
 
 
+HALF_WIDTH = {"home": 0.25, "experts": 0.2}
+"""Half the width of a rank's box, in axis units: where an arrow starts and ends."""
+
+
 def _links(ax, send, p, reverse: bool) -> list[tuple[int, int, int]]:
-    """Lines from rank r (left) to rank s (right) with the row count; reversed for combine."""
+    """Arrows from rank r (left, its tokens) to rank s (right, its experts) with the row count;
+    for combine, from rank s (left, its experts) back to rank r (right, its tokens)."""
     drawn = []
     for r in range(p):
         for s in range(p):
             n = send[r][s]
             if not n:
                 continue
-            a, b = (1, 0) if reverse else (0, 1)
-            ax.annotate("", (b, -s if not reverse else -r), (a, -r if not reverse else -s),
-                        arrowprops={"arrowstyle": "->", "lw": 0.6 + 0.6 * n,
-                                    "color": RANK_COLORS[r % 8], "alpha": 0.8})
-            along = 0.76                # the count sits near the receiver, off the crossings
             if reverse:
-                x, y = 1 - along, -(s + (r - s) * along)
+                (y0, w0), (y1, w1) = (-s, HALF_WIDTH["experts"]), (-r, HALF_WIDTH["home"])
             else:
-                x, y = along, -(r + (s - r) * along)
-            ax.text(x, y, str(n), fontsize=8,
+                (y0, w0), (y1, w1) = (-r, HALF_WIDTH["home"]), (-s, HALF_WIDTH["experts"])
+            x0, x1 = w0, 1 - w1
+            ax.annotate("", (x1, y1), (x0, y0),
+                        arrowprops={"arrowstyle": "-|>", "mutation_scale": 12, "shrinkA": 0,
+                                    "shrinkB": 0, "lw": 0.6 + 0.6 * n,
+                                    "color": RANK_COLORS[r % 8], "alpha": 0.8})
+            along = 0.72                # the count sits near the arrowhead, off the crossings
+            ax.text(x0 + (x1 - x0) * along, y0 + (y1 - y0) * along, str(n), fontsize=8,
                     ha="center", va="center", color=RANK_COLORS[r % 8],
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
             drawn.append((r, s, n))

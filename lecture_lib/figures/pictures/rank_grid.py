@@ -80,6 +80,24 @@ def _lane(groups: list[list[int]], i: int, g: int) -> float:
     return 0.1 * len(earlier)
 
 
+def _route(pts: list[tuple[float, float]], shift: float, lane: float):
+    """The line through a group's boxes. Between boxes in one column more than a node apart it
+    leaves the first box below, runs down the gap right of the column and enters the second
+    from above, so that it never passes behind another rank's box."""
+    xs, ys = [], []
+    for k, (x, y) in enumerate(pts):
+        cx, cy = x + 0.5 + shift, y + 0.45
+        if k:
+            px, py = pts[k - 1]
+            if px == x and py - y > 1.7:           # skips at least one node row in this column
+                gap, out = x + 1.08 + 1.4 * lane, 0.12 + lane
+                xs += [xs[-1], gap, gap, cx]
+                ys += [py - out, py - out, y + 0.9 + out, y + 0.9 + out]
+        xs.append(cx)
+        ys.append(cy)
+    return xs, ys
+
+
 def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
     """Draw the grid on its nodes; returns ``(fig, layout)`` (:func:`rank_grid_layout`)."""
     layout = rank_grid_layout(dims, gpus_per_node)
@@ -107,11 +125,11 @@ def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
         for i, group in enumerate(layout["groups"].get(d, [])):
             if len(group) < 2 or (d == "tp" and not layout["crosses_nodes"]["tp"][i]):
                 continue                   # a tp group inside a node is its shaded band
-            pts = [_position(r, g) for r in group]
+            lane = _lane(layout["groups"][d], i, g)
             base = OFFSET.get(d, 0.0)          # lanes move away from the box's centre
-            shift = base + math.copysign(_lane(layout["groups"][d], i, g), base or 1.0)
-            ax.plot([x + 0.5 + shift for x, _ in pts], [y + 0.45 for _, y in pts],
-                    color=color, ls=style, lw=1.8, zorder=2,   # behind the boxes
+            shift = base + math.copysign(lane, base or 1.0)
+            xs, ys = _route([_position(r, g) for r in group], shift, lane)
+            ax.plot(xs, ys, color=color, ls=style, lw=1.8, zorder=2,   # behind the boxes
                     label=f"{d} group" if i == 0 else None)
     if "tp" in dims and dims["tp"] > 1:
         ax.plot([], [], color=STYLE["tp"][0], lw=8, alpha=0.25, label="tp group (in a node)")
