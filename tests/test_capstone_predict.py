@@ -16,6 +16,7 @@ import pytest
 
 import lecture_lib
 from lecture_lib.capstone import cli
+from lecture_lib.capstone import compare as compare_mod
 from lecture_lib.capstone.predict import same_clock_real_and_dry, strategy_layout
 from lecture_lib.capstone.report import FIELDS
 from lecture_lib.models import GPTConfig
@@ -140,3 +141,15 @@ def test_bad_input_before_any_process(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "lecture_lib.capstone", "compare", str(bad)],
                           env=ENV, text=True, capture_output=True, timeout=60)
     assert proc.returncode != 0 and "a record without world_size" in proc.stderr
+
+
+def test_compare_of_measured_runs_alone_has_no_ratio_and_one_caption_line(out_files, tmp_path):
+    png = tmp_path / "measured.png"
+    proc = subprocess.run([sys.executable, "-m", "lecture_lib.capstone", "compare",
+                           str(out_files["ddp"]), "--png", str(png)], env=ENV,
+                          text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert png.stat().st_size > 10_000 and "measured / predicted" not in proc.stdout
+    real = {**json.loads(out_files["ddp"].read_text()), "source": "ddp.json"}
+    twice = [real, {**real, "source": "fsdp.json"}]
+    assert compare_mod._caption(twice) == [f"ddp.json, fsdp.json (real): {real['timing']}"]

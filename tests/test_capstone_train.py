@@ -253,3 +253,12 @@ def test_emulation_refuses_unknown_presets_and_checkpoints_before_any_process(cf
     with pytest.raises(ValueError, match="emulate runs neither checkpoints"):
         check_config(TrainConfig(MODEL, cfg.tokens, emulate="h100-node",
                                  checkpoint_dir=str(tmp_path)))
+
+
+def test_quiet_prints_no_progress_lines_but_keeps_the_rows(cfg, uninterrupted, capfd):
+    loud = train(cfg, timeout=120, **RUNS["ddp"])
+    assert "tok/s" in capfd.readouterr().out                 # the progress line
+    quiet = train(cfg, timeout=120, quiet=True, **RUNS["ddp"])
+    assert "tok/s" not in capfd.readouterr().out
+    assert quiet["losses"] == loud["losses"] == uninterrupted("ddp")
+    assert [r["step"] for r in quiet["log"]] == [r["step"] for r in loud["log"]]

@@ -1,5 +1,6 @@
 """lecture_lib.debugging: comm check, gradient consistency, hangs, convergence experiments."""
 import math
+import os
 
 import pytest
 import torch
@@ -199,3 +200,11 @@ def test_inspect_train_step_finds_each_bug_and_nothing_in_a_correct_step():
         debugging.inspect_train_step("not a function")
     with pytest.raises(ValueError):
         debugging.inspect_train_step(_flat_step, 3, batch_size=8)
+
+
+def test_short_paths_names_files_from_the_course_root_and_the_package():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(lecture_lib.__file__)))
+    text = (f'File "{os.path.join(root, "lecture_lib", "x.py")}", line 1\n'
+            'File "/usr/lib/python3.11/site-packages/torch/distributed/c10d.py", line 2')
+    assert debugging.short_paths(text) == ('File "lecture_lib/x.py", line 1\n'
+                                           'File "torch/distributed/c10d.py", line 2')

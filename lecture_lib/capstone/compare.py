@@ -5,9 +5,9 @@ or the list of records of a prediction (``--emulate PRESET --dry-run``); every r
 the fields of :data:`.report.FIELDS`. The plot has one group of bars per strategy and
 world size, a bar per source (the file's time kind and hardware: ``real`` on ``CPU (2
 cores), 2 ranks, gloo``; ``emulated H100 + NVLink (dry run)`` on ``8 x ...``), the step
-time on a log scale when the sources differ by more than tenfold; the caption states how
-each source timed its step (warm-up steps dropped, how many steps, the spread) and which
-peak its MFU is against.
+time on a log scale when the sources differ by more than tenfold, error bars only where a
+source has a spread; the caption states how each source timed its step (warm-up steps
+dropped, how many steps, the spread); the printed method adds which peak its MFU is against.
 """
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def compare(paths, png: str | None = None) -> dict:
                 ys.append(step * 1e3)
                 spread[0].append((step - low) * 1e3)
                 spread[1].append((high - step) * 1e3)
-        ax.bar(xs, ys, width, yerr=spread, capsize=3, color=f"C{i}", edgecolor="white",
+        ax.bar(xs, ys, width, yerr=spread if any(spread[0] + spread[1]) else None, capsize=3,
+               color=f"C{i}", edgecolor="white",
                hatch=None if source[0] == "measured" else "//",
                label=f"{source[0]}: {source[1]}, on {source[2]}")
     steps = [r["step_time"] for r in records]
@@ -70,11 +71,14 @@ def compare(paths, png: str | None = None) -> dict:
         ax.set_yscale("log")
     ax.set_xticks(range(len(groups)), [f"{s}\n{w} ranks" for s, w in groups])
     ax.set_ylabel("step time (ms)")
-    ax.set_title("Measured against predicted step time, per strategy (bars: min-max of the "
-                 "timed steps)", fontsize=10)
+    both = {kind(r) for r in records} == {"measured", "predicted"}
+    ax.set_title(("Measured against predicted step time" if both else "Step time") +
+                 ", per strategy" + (" (error bars: min-max of the timed steps)" if any(
+                     r["step_time_spread"][0] < r["step_time_spread"][1] for r in records)
+                     else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.18))
     method = timing_method(records)
-    caption = "\n".join(textwrap.fill(line, 130) for line in method)
+    caption = "\n".join(textwrap.fill(line, 130) for line in _caption(records))
     fig.text(0.01, -0.2 - 0.05 * len(sources), caption, fontsize=6.5, color="0.3", va="top")
     out = png or "compare.png"
     fig.savefig(out, dpi=110, bbox_inches="tight")
@@ -91,6 +95,16 @@ def timing_method(records: list[dict]) -> list[str]:
                         f"{r['source']} ({r['time_kind']}): {r['timing']}; MFU against "
                         f"{r['peak']}")
     return list(seen.values())
+
+
+def _caption(records: list[dict]) -> list[str]:
+    """One line per way of timing a step, with the files timed that way (the plot shows step
+    time, so MFU's peak is left to the printed method)."""
+    files = {}
+    for r in records:
+        files.setdefault((r["time_kind"], r["timing"]), []).append(r["source"])
+    return [f"{', '.join(dict.fromkeys(names))} ({time_kind}): {timing}"
+            for (time_kind, timing), names in files.items()]
 
 
 def _ratios(records: list[dict], groups) -> dict:

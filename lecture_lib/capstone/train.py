@@ -12,7 +12,7 @@ Each step: this rank's shard of the global batch, forward and backward with the
 strategy's communication (:mod:`.strategies`), optionally a simulated crash
 (``fail_at``: ``SIGKILL`` of rank ``fail_rank`` between backward and the update,
 once: a marker file in the checkpoint folder says it happened; :mod:`.elastic`), the update,
-the global mean loss. Every ``log_every`` steps a progress line: step, loss,
+the global mean loss. Every ``log_every`` steps a progress line (none if ``quiet``): step, loss,
 validation loss, tokens/s, MFU (:func:`lecture_lib.metrics.mfu`, against the
 measured dense-matmul rate of the device unless ``peak_flops`` is given) and
 memory per rank (CUDA's peak allocation; on the CPU the bytes of parameters,
@@ -75,6 +75,7 @@ class TrainConfig:
     seed: int = 0                        # the weights
     data_seed: int = 0                   # the order of the windows
     log_every: int = 10
+    quiet: bool = False                  # no progress lines (the rows are still returned)
     val_batches: int = 2
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -203,7 +204,7 @@ def _log_row(cfg, plan, step, loss, seconds, val, flops_tok, peak) -> dict:
     row = {"step": step, "loss": loss, "val_loss": _validation(cfg, plan, val),
            "tokens_per_s": tokens_s, "mfu": mfu(tokens_s, flops_tok, peak, cfg.world_size),
            "peak_bytes": [m["peak_bytes"] for m in mem], "held": [m["held"] for m in mem]}
-    if dist.get_rank() == 0:
+    if dist.get_rank() == 0 and not cfg.quiet:
         v = "" if row["val_loss"] is None else f" | val {row['val_loss']:.4f}"
         memory = " ".join(f"{b / 2**20:.1f}" for b in row["peak_bytes"])
         print(f"step {step:5d} | loss {loss:.4f}{v} | {tokens_s:,.0f} tok/s | "

@@ -26,11 +26,11 @@ from .consistency import (
                           comm_sanity_check,
 )
 from .experiments import sweep, train_gpt
-from .hangs import hang_report, skipped_collective
+from .hangs import hang_report, short_paths, skipped_collective
 from .planted import PlantedDDPFlat, PlantedDDPNaive, planted_ddp, sync_gradients
 from .steps import StepReport, inspect_train_step
 
 __all__ = ["CommCheck", "Inconsistency", "PlantedDDPFlat", "PlantedDDPNaive", "StepReport",
            "assert_consistent", "check_communication", "check_gradient_consistency",
            "comm_sanity_check", "hang_report", "inspect_train_step", "planted_ddp",
-           "skipped_collective", "sweep", "sync_gradients", "train_gpt"]
+           "short_paths", "skipped_collective", "sweep", "sync_gradients", "train_gpt"]

@@ -2,10 +2,14 @@
 
 ``lecture_lib.run(..., timeout=...)`` turns the hang into
 :class:`lecture_lib.RankTimeout` with every rank's stack (dumped with
-``faulthandler``); :func:`hang_report` says, per rank, where it was.
+``faulthandler``); :func:`hang_report` says, per rank, where it was, and
+:func:`short_paths` shortens the stacks' file names for reading.
 :func:`skipped_collective` plants such a hang.
 """
 from __future__ import annotations
+
+import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -42,3 +46,13 @@ def hang_report(error) -> dict[int, str]:
         frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
         report[rank] = "stuck at " + (frames[0] if frames else stack.strip()[:200])
     return report
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def short_paths(text: str) -> str:
+    """``text`` with the course's files named from its root and installed packages' from
+    their package (``"torch/distributed/..."``), as a stack is easier read."""
+    text = text.replace(_ROOT + os.sep, "")
+    return re.sub(r'"[^"]*(?:site|dist)-packages/', '"', text)

@@ -1,8 +1,9 @@
 """The capstone notebook: the hand calculations, with the library's models.
 
-Q2: storing the tokens. Q3: the compute of GPT-2 small (``N_total`` = 124M parameters with
-embeddings, L 12 layers, h 768, s 1024) on D = 10 billion tokens
-(``metrics.model_flops_per_token``: ``6 N_total`` plus the attention term ``12 L s h``), and
+Q2: storing the tokens. Q3: the compute of the course's GPT-2 small (MFU's ``N`` about 124M:
+its 163M parameters less the token and position embedding tables, the untied output layer
+counted; L 12 layers, h 768, s 1024) on D = 10 billion tokens
+(``metrics.model_flops_per_token``: ``6 N`` plus the attention term ``12 L s h``), and
 how long it takes at 40 % MFU on one A100 and on one node of 8 H100 (peaks from
 ``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if): the launch-bound emulated step of
 the notebook's one-process run with a batch 8 times larger (``emulate``'s ``h100-node``, eager).

@@ -2,7 +2,6 @@
 course's reading times."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -53,51 +52,37 @@ ANSWERS = {"Q1": q1_seven_billion, "Q2": q2_gpt3_layout, "Q3": q3_global_batch,
 
 WORDS_PER_MINUTE = 200       # prose (Brysbaert 2019 measured 238 for silent reading)
 CODE_LINES_PER_MINUTE = 20
-OUTPUT_LINES_PER_MINUTE = 40
 MINUTES_PER_FIGURE = 1.0
 
 
-def _executed(notebook: Path, executed: Path | None) -> dict | None:
-    """The executed copy of ``notebook`` in ``executed``, if it ran from the same source."""
-    copy = executed / notebook.name if executed is not None else None
-    if copy is None or not copy.exists():
-        return None
-    nb = json.loads(copy.read_text())
-    ran = nb.get("metadata", {}).get("lecture_lib", {}).get("source_sha256")
-    return nb if ran == hashlib.sha256(notebook.read_bytes()).hexdigest() else None
+def _figures(code: str) -> int:
+    """Figures a code cell shows: its ``check_figure(`` or ``plt.show()`` calls, whichever is more
+    (a cell usually makes both calls for one figure; an explorer's snapshot is checked too)."""
+    return max(code.count("check_figure("), code.count("plt.show()"))
 
 
-def reading_minutes(notebook: Path, executed: Path | None = None) -> tuple[float, bool]:
-    """Minutes to read ``notebook`` with care, and whether its outputs were counted.
+def reading_minutes(notebook: Path) -> float:
+    """Minutes to read ``notebook`` with care, from its source alone.
 
-    Prose at WORDS_PER_MINUTE (folded answers included), code at CODE_LINES_PER_MINUTE,
-    printed output at OUTPUT_LINES_PER_MINUTE and MINUTES_PER_FIGURE per figure. Outputs and
-    figures come from the executed copy in ``executed`` when it ran from this source;
-    otherwise each ``plt.show()`` counts as a figure and printed lines are not counted.
+    Prose at WORDS_PER_MINUTE (folded answers included), code at CODE_LINES_PER_MINUTE and
+    MINUTES_PER_FIGURE per figure the code shows.
     """
     cells = json.loads(notebook.read_text())["cells"]
     text = {kind: ["".join(c["source"]) for c in cells if c["cell_type"] == kind]
             for kind in ("markdown", "code")}
     words = sum(len(t.split()) for t in text["markdown"])
     code = sum(len(t.splitlines()) for t in text["code"])
-    ran = _executed(notebook, executed)
-    if ran is None:
-        figures, printed = sum(t.count("plt.show()") for t in text["code"]), 0
-    else:
-        outputs = [o for c in ran["cells"] for o in c.get("outputs", [])]
-        figures = sum("image/png" in o.get("data", {}) for o in outputs)
-        printed = sum(len("".join(o.get("text", o.get("data", {}).get("text/plain", "")))
-                          .splitlines()) for o in outputs if "image/png" not in o.get("data", {}))
-    minutes = (words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
-               + printed / OUTPUT_LINES_PER_MINUTE + figures * MINUTES_PER_FIGURE)
-    return minutes, ran is not None
+    figures = sum(_figures(t) for t in text["code"])
+    return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE + figures * MINUTES_PER_FIGURE
 
 
-def reading_times(folder: Path, executed: Path | None = None) -> str:
-    """One line per notebook of ``folder``: its name and reading minutes ('*': outputs not
-    counted, no executed copy of this source)."""
-    lines = []
-    for path in sorted(Path(folder).glob("[0-9A]*.ipynb")):
-        minutes, counted = reading_minutes(path, executed)
-        lines.append(f"{path.stem:28s} {minutes:3.0f} min{'' if counted else ' *'}")
-    return "\n".join(lines)
+def reading_table(folder: Path) -> dict[str, int]:
+    """Each notebook of ``folder`` (by stem) and its reading time in whole minutes."""
+    return {path.stem: round(reading_minutes(path))
+            for path in sorted(Path(folder).glob("[0-9A]*.ipynb"))}
+
+
+def reading_times(folder: Path) -> str:
+    """One line per notebook of ``folder``: its name and reading minutes (the README's column)."""
+    return "\n".join(f"{stem:28s} {minutes:3d} min"
+                     for stem, minutes in reading_table(folder).items())
