@@ -41,7 +41,7 @@ def test_the_figure_writes_each_rank_and_its_coordinates_and_is_legible():
     assert "rank 5\ndp1 pp0 tp1" in texts and "node 3" in texts
     assert layout["groups"] == {d: grid_groups(dims, d) for d in dims}
     lines = {line.get_label() for line in fig.axes[0].get_lines()}
-    assert {"pp group", "dp group"} <= lines
+    assert {"pp group", "dp group:\nsame letter"} <= lines
     assert problems(fig) == []
     plt.close(fig)
 

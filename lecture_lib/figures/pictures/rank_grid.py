@@ -13,8 +13,9 @@ Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 
 :func:`rank_grid_layout` computes the picture from :func:`lecture_lib.mesh.grid_groups`
 (which ranks share a group along each dimension, which node each rank is on, which groups
 cross a node boundary); :func:`draw_rank_grid` draws it: one row of boxes per node, a
-shaded band around each tensor-parallel group, and lines joining the members of each
-pipeline-parallel and data-parallel (and context-parallel) group.
+shaded band around each tensor-parallel group, lines joining the members of each
+pipeline-parallel (and context-parallel) group, and one lettered badge per data-parallel group
+on each of its members.
 """
 from __future__ import annotations
 
@@ -98,6 +99,21 @@ def _route(pts: list[tuple[float, float]], shift: float, lane: float):
     return xs, ys
 
 
+def _draw_dp_badges(ax, groups: list[list[int]], g: int) -> None:
+    """One lettered, coloured badge on each member of a dp group, the same on all its members
+    (lines joining them would cross every other group's)."""
+    cmap = plt.get_cmap("tab10")
+    for i, group in enumerate(groups):
+        if len(group) < 2:
+            continue
+        for r in group:
+            x, y = _position(r, g)
+            ax.plot(x + 0.86, y + 0.86, marker="o", ms=13, color=cmap(i % 10), ls="none",
+                    zorder=5, label="dp group:\nsame letter" if i == 0 and r == group[0] else None)
+            ax.text(x + 0.86, y + 0.86, chr(ord("A") + i % 26), ha="center", va="center",
+                    fontsize=8, color="white", fontweight="bold", zorder=6)
+
+
 def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
     """Draw the grid on its nodes; returns ``(fig, layout)`` (:func:`rank_grid_layout`)."""
     layout = rank_grid_layout(dims, gpus_per_node)
@@ -120,7 +136,8 @@ def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
                                    zorder=3))
         ax.text(x + 0.5, y + 0.45, layout["labels"][r], ha="center", va="center", fontsize=8,
                 zorder=4)
-    for d in ("cp", "pp", "dp", "tp"):
+    _draw_dp_badges(ax, layout["groups"].get("dp", []), g)
+    for d in ("cp", "pp", "tp"):
         color, style = STYLE[d]
         for i, group in enumerate(layout["groups"].get(d, [])):
             if len(group) < 2 or (d == "tp" and not layout["crosses_nodes"]["tp"][i]):

@@ -43,7 +43,12 @@ def plot_memory(ax, breakdowns: dict, device_gb: float = 80.0, highlight: str | 
     ax.set_ylabel("memory per device (GB)")
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    handles, names = ax.get_legend_handles_labels()
+    if highlight in labels:                     # say what the black outline marks
+        from matplotlib.patches import Patch  # noqa: PLC0415
+        handles.append(Patch(facecolor="none", edgecolor="black", linewidth=2))
+        names.append(f"outlined: the stage\nselected ({highlight})")
+    ax.legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def calculator_figure(preset: str = "GPT-3 175B", dp: int = 64, tp: int = 8, pp: int = 8,
