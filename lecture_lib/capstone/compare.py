@@ -5,9 +5,10 @@ or the list of records of a prediction (``--emulate PRESET --dry-run``); every r
 the fields of :data:`.report.FIELDS`. The plot has one group of bars per strategy and
 world size, a bar per source (the file's time kind and hardware: ``real`` on ``CPU (2
 cores), 2 ranks, gloo``; ``emulated H100 + NVLink (dry run)`` on ``8 x ...``), the step
-time on a log scale when the sources differ by more than tenfold, error bars only where a
-source has a spread; the caption states how each source timed its step (warm-up steps
-dropped, how many steps, the spread); the printed method adds which peak its MFU is against.
+time on a linear axis, error bars only where a source has a spread, the legend outside the
+bars and the course's stamp (measured or emulated) in the corner; the caption states how
+each source timed its step (warm-up steps dropped, how many steps, the spread); the printed
+method adds which peak its MFU is against.
 """
 from __future__ import annotations
 
@@ -45,10 +46,13 @@ def compare(paths, png: str | None = None) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    from lecture_lib.figures import plots  # noqa: PLC0415
+
     records = load_records(paths)
     groups = sorted({(r["strategy"], r["world_size"]) for r in records},
                     key=lambda g: (g[1], g[0]))
     sources = list(dict.fromkeys((kind(r), r["time_kind"], r["hardware"]) for r in records))
+    plots.use_style()
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) + 3), 4.0))
     width = 0.8 / len(sources)
     for i, source in enumerate(sources):
@@ -65,10 +69,7 @@ def compare(paths, png: str | None = None) -> dict:
         ax.bar(xs, ys, width, yerr=spread if any(spread[0] + spread[1]) else None, capsize=3,
                color=f"C{i}", edgecolor="white",
                hatch=None if source[0] == "measured" else "//",
-               label=f"{source[0]}: {source[1]}, on {source[2]}")
-    steps = [r["step_time"] for r in records]
-    if max(steps) > 10 * min(steps):
-        ax.set_yscale("log")
+               label=textwrap.fill(f"{source[0]}: {source[1]}, on {source[2]}", 36))
     ax.set_xticks(range(len(groups)), [f"{s}\n{w} ranks" for s, w in groups])
     ax.set_ylabel("step time (ms)")
     both = {kind(r) for r in records} == {"measured", "predicted"}
@@ -76,10 +77,13 @@ def compare(paths, png: str | None = None) -> dict:
                  ", per strategy" + (" (error bars: min-max of the timed steps)" if any(
                      r["step_time_spread"][0] < r["step_time_spread"][1] for r in records)
                      else ""), fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.18))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     method = timing_method(records)
-    caption = "\n".join(textwrap.fill(line, 130) for line in _caption(records))
-    fig.text(0.01, -0.2 - 0.05 * len(sources), caption, fontsize=6.5, color="0.3", va="top")
+    caption = "\n".join(textwrap.fill(line, 90) for line in _caption(records))
+    fig.text(0.01, -0.08, caption, fontsize=6.5, color="0.3", va="top")
+    plots.stamp(fig, text="\n".join(dict.fromkeys(
+        "measured (real time)" if r["time_kind"] == "real" else r["time_kind"] for r in records)))
+    fig.texts[-1].set(position=(0.99, -0.08), va="top")     # under the axis, beside the caption
     out = png or "compare.png"
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)

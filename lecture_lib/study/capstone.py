@@ -1,12 +1,13 @@
 """The capstone notebook: the hand calculations, with the library's models.
 
-Q2: storing the tokens. Q3: the compute of the course's GPT-2 small (MFU's ``N`` about 124M:
-its 163M parameters less the token and position embedding tables, the untied output layer
-counted; L 12 layers, h 768, s 1024) on D = 10 billion tokens
-(``metrics.model_flops_per_token``: ``6 N`` plus the attention term ``12 L s h``), and
-how long it takes at 40 % MFU on one A100 and on one node of 8 H100 (peaks from
-``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if): the launch-bound emulated step of
-the notebook's one-process run with a batch 8 times larger (``emulate``'s ``h100-node``, eager).
+Q2: storing the tokens. Q3: the compute of the course's GPT-2 small (MFU's ``N``, 123.7M:
+``GPTConfig.num_params(embeddings=False)``, its 163M parameters less the token and position
+embedding tables, the untied output layer counted; L 12 layers, h 768, s 1024) on D = 10
+billion tokens (``metrics.model_flops_per_token``: ``6 N`` plus the attention term
+``12 L s h``), and how long it takes at 40 % MFU on one A100 and on one node of 8 H100 (peaks
+from ``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if): the emulated step of the
+notebook's one-process run, set by its kernels' fixed costs and launches, not their FLOPs,
+with a batch 8 times larger (``emulate``'s ``h100-node``, eager).
 """
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from lecture_lib import metrics
 from lecture_lib.capstone import launches
 from lecture_lib.capstone.train import cpu_gpt
 from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
+from lecture_lib.models import REAL_SIZE
 from lecture_lib.study import fmt
 
 TOKENS = 10_000_000_000
-GPT2_SMALL = {"n_params": 124_000_000, "n_layers": 12, "seq_len": 1024, "d_model": 768}
+_GPT2 = REAL_SIZE["GPT-2 small"]
+GPT2_SMALL = {"n_params": _GPT2.num_params(embeddings=False), "n_layers": _GPT2.n_layers,
+              "seq_len": _GPT2.seq_len, "d_model": _GPT2.d_model}
 MFU = 0.4
 VOCAB, BATCH, LR, BIGGER = 1024, 8, 2e-3, 8     # the notebook's vocabulary, batch and learning rate
 
@@ -42,7 +46,8 @@ def q3() -> list[str]:
     total = per_token * TOKENS
     a100 = training_seconds(total, A100_CLUSTER.peak_flops, 1)
     h100 = training_seconds(total, H100_CLUSTER.peak_flops, 8)
-    return [fmt(six_n * TOKENS, "FLOP"), fmt(per_token * TOKENS, "FLOP"),
+    return [fmt(GPT2_SMALL["n_params"] / 1e6, "million", 4), fmt(six_n * TOKENS, "FLOP"),
+            fmt(per_token * TOKENS, "FLOP"),
             f"{(per_token - six_n) / six_n:.0%}", fmt(a100 / 86400, "days"),
             fmt(h100 / 3600, "hours")]
 
@@ -58,9 +63,9 @@ def emulated_step(batch: int) -> float:
 
 
 def q5() -> list[str]:
-    """What if the launch-bound step's batch were 8 times larger: its time and its MFU."""
+    """What if the kernel-bound step's batch were 8 times larger: its time and its MFU."""
     small, large = emulated_step(BATCH), emulated_step(BIGGER * BATCH)
-    assert large < 1.5 * small                      # launch-bound: the batch hardly shows
+    assert large < 1.5 * small                      # per-kernel costs: the batch hardly shows
     return [fmt(small * 1e6, "us", 4), fmt(large * 1e6, "us", 4), f"{large / small:.2f}",
             f"{BIGGER * small / large:.1f}x"]
 
