@@ -143,13 +143,15 @@ def test_bad_input_before_any_process(tmp_path, monkeypatch):
     assert proc.returncode != 0 and "a record without world_size" in proc.stderr
 
 
-def test_compare_of_measured_runs_alone_has_no_ratio_and_one_caption_line(out_files, tmp_path):
+def test_compare_of_measured_runs_alone_has_no_ratio_and_short_labels(out_files, tmp_path):
     png = tmp_path / "measured.png"
     proc = subprocess.run([sys.executable, "-m", "lecture_lib.capstone", "compare",
                            str(out_files["ddp"]), "--png", str(png)], env=ENV,
                           text=True, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert png.stat().st_size > 10_000 and "measured / predicted" not in proc.stdout
-    real = {**json.loads(out_files["ddp"].read_text()), "source": "ddp.json"}
-    twice = [real, {**real, "source": "fsdp.json"}]
-    assert compare_mod._caption(twice) == [f"ddp.json, fsdp.json (real): {real['timing']}"]
+    real = json.loads(out_files["ddp"].read_text())
+    assert compare_mod.short_label("measured", "real", real["hardware"]).endswith(", measured")
+    assert compare_mod.short_label("predicted", "emulated H100 + NVLink (dry run)",
+                                   "4 x H100 SXM, 8 per node") == "H100 SXM (emulated)"
+    assert compare_mod.stamp_kind(real) == "measured (real time)"

@@ -3,18 +3,17 @@
 Each file is what the trainer wrote to ``--out``: one record of a run (real, or emulated),
 or the list of records of a prediction (``--emulate PRESET --dry-run``); every record has
 the fields of :data:`.report.FIELDS`. The plot has one group of bars per strategy and
-world size, a bar per source (the file's time kind and hardware: ``real`` on ``CPU (2
-cores), 2 ranks, gloo``; ``emulated H100 + NVLink (dry run)`` on ``8 x ...``), the step
-time on a linear axis, error bars only where a source has a spread, the legend outside the
-bars and the course's stamp (measured or emulated) in the corner; the caption states how
-each source timed its step (warm-up steps dropped, how many steps, the spread); the printed
-method adds which peak its MFU is against.
+world size, in the order of the files (the table's order), a bar per source, labelled by its
+hardware and whether it was measured or emulated (``H100 SXM (emulated)``), the step time on
+a linear axis, error bars only where a source has a spread, the legend outside the bars and
+one stamp (measured, emulated or both) in the corner. How each source timed its step and
+which peak its MFU is against are printed, once, not drawn.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import textwrap
+import re
 from pathlib import Path
 
 from .report import FIELDS
@@ -34,6 +33,11 @@ def load_records(paths) -> list[dict]:
     return records
 
 
+#: The course's plot style (lecture_lib.figures.plots.use_style; that layer sits above this one).
+STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+         "axes.spines.right": False, "font.size": 10, "legend.frameon": False}
+
+
 def kind(record: dict) -> str:
     """``"measured"`` for real time, ``"predicted"`` for emulated or modelled time."""
     return "measured" if record["time_kind"] == "real" else "predicted"
@@ -46,13 +50,10 @@ def compare(paths, png: str | None = None) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from lecture_lib.figures import plots  # noqa: PLC0415
-
     records = load_records(paths)
-    groups = sorted({(r["strategy"], r["world_size"]) for r in records},
-                    key=lambda g: (g[1], g[0]))
+    groups = list(dict.fromkeys((r["strategy"], r["world_size"]) for r in records))
     sources = list(dict.fromkeys((kind(r), r["time_kind"], r["hardware"]) for r in records))
-    plots.use_style()
+    plt.rcParams.update(STYLE)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) + 3), 4.0))
     width = 0.8 / len(sources)
     for i, source in enumerate(sources):
@@ -67,9 +68,7 @@ def compare(paths, png: str | None = None) -> dict:
                 spread[0].append((step - low) * 1e3)
                 spread[1].append((high - step) * 1e3)
         ax.bar(xs, ys, width, yerr=spread if any(spread[0] + spread[1]) else None, capsize=3,
-               color=f"C{i}", edgecolor="white",
-               hatch=None if source[0] == "measured" else "//",
-               label=textwrap.fill(f"{source[0]}: {source[1]}, on {source[2]}", 36))
+               color=f"C{i}", edgecolor="white", label=short_label(*source))
     ax.set_xticks(range(len(groups)), [f"{s}\n{w} ranks" for s, w in groups])
     ax.set_ylabel("step time (ms)")
     both = {kind(r) for r in records} == {"measured", "predicted"}
@@ -79,11 +78,9 @@ def compare(paths, png: str | None = None) -> dict:
                      else ""), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     method = timing_method(records)
-    caption = "\n".join(textwrap.fill(line, 90) for line in _caption(records))
-    fig.text(0.01, -0.08, caption, fontsize=6.5, color="0.3", va="top")
-    plots.stamp(fig, text="\n".join(dict.fromkeys(
-        "measured (real time)" if r["time_kind"] == "real" else r["time_kind"] for r in records)))
-    fig.texts[-1].set(position=(0.99, -0.08), va="top")     # under the axis, beside the caption
+    fig.text(0.99, 0.005, " and ".join(dict.fromkeys(stamp_kind(r) for r in records)),
+             ha="right", va="bottom", fontsize=8, color="0.4")      # the course's stamp
+    fig.subplots_adjust(bottom=0.22)
     out = png or "compare.png"
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -101,14 +98,19 @@ def timing_method(records: list[dict]) -> list[str]:
     return list(seen.values())
 
 
-def _caption(records: list[dict]) -> list[str]:
-    """One line per way of timing a step, with the files timed that way (the plot shows step
-    time, so MFU's peak is left to the printed method)."""
-    files = {}
-    for r in records:
-        files.setdefault((r["time_kind"], r["timing"]), []).append(r["source"])
-    return [f"{', '.join(dict.fromkeys(names))} ({time_kind}): {timing}"
-            for (time_kind, timing), names in files.items()]
+def stamp_kind(record: dict) -> str:
+    """The stamp's word for a record's time: measured, emulated or modelled."""
+    if record["time_kind"] == "real":
+        return "measured (real time)"
+    return "emulated (dry run)" if record["time_kind"].startswith("emulated") else "modelled"
+
+
+def short_label(kind_: str, time_kind: str, hardware: str) -> str:
+    """A source's legend label: its device and how its time was got, ``H100 SXM (emulated)``
+    from ``4 x H100 SXM, 8 per node``, ``CPU (2 cores), measured`` from a real CPU run."""
+    device = re.sub(r"^\d+\s*x\s*", "", hardware.split(",")[0]).strip()
+    how = "measured" if kind_ == "measured" else time_kind.split()[0]
+    return f"{device}, {how}" if "(" in device else f"{device} ({how})"
 
 
 def _ratios(records: list[dict], groups) -> dict:
