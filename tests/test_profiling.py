@@ -275,7 +275,7 @@ def test_an_emulated_profile_reads_like_a_gpu_trace():
             assert first.steps == again.steps and first.comm_share == again.comm_share
             assert 0 < first.comm_share <= 1 and 0 < first.busy_share < 1
             assert "comm: all_reduce" in first.table
-            assert set(first.timer_totals) == {"compute", "optimizer",
+            assert set(first.timer_totals) == {"forward", "backward", "optimizer",
                                                "comm" if sync == "flat" else "wait"}
         assert profiling.overlap_share(by_sync["flat"][0]) == 0
         assert profiling.overlap_share(by_sync["bucketed"][0]) > 0

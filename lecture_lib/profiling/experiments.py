@@ -67,8 +67,10 @@ def data_parallel_step(timer, batch_size: int = 16, sync: str = "torch", cfg=Non
 
     def step(i):
         x, y = (t.to(launch.device()) for t in shard(batch(i), rank, size))
-        with timer("compute"):
-            ddp(x, y).backward()
+        with timer("forward"):
+            loss = ddp(x, y)
+        with timer("backward"):
+            loss.backward()
         with timer("wait" if name in _OVERLAPPED else "comm"):
             ddp.finish_gradient_synchronization()
         with timer("optimizer"):
