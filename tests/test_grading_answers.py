@@ -277,7 +277,7 @@ def test_each_answer_refuses_the_submission_but_serves_the_tests(name, tmp_path)
 WHY = {name[:4]: "is not allowed" for name in LIBRARY_ANSWER}
 #: Graded in groups of a few exercises (one grading command each, under pytest's time limit;
 #: xdist spreads the groups).
-GROUPS = {f"library-{i}": dict(sorted(LIBRARY_ANSWER.items())[i::3]) for i in range(3)}
+GROUPS = {f"library-{i}": dict(sorted(LIBRARY_ANSWER.items())[i::5]) for i in range(5)}
 SHORTCUTS = sorted((ROOT / "tests" / "shortcuts").glob("ex*.py"))
 
 
