@@ -5,9 +5,9 @@ or the list of records of a prediction (``--emulate PRESET --dry-run``); every r
 the fields of :data:`.report.FIELDS`. The plot has one group of bars per strategy and
 world size, in the order of the files (the table's order), a bar per source, labelled by its
 hardware and whether it was measured or emulated (``H100 SXM (emulated)``), the step time on
-a linear axis, error bars only where a source has a spread, the legend outside the bars and
-one stamp (measured, emulated or both) in the corner. How each source timed its step and
-which peak its MFU is against are printed, once, not drawn.
+a linear axis with each bar's value printed on it, error bars only where a source has a
+spread, the legend outside the bars and one stamp (measured, emulated or both) in the corner.
+How each source timed its step and which peak its MFU is against are printed, once, not drawn.
 """
 from __future__ import annotations
 
@@ -67,15 +67,18 @@ def compare(paths, png: str | None = None) -> dict:
                 ys.append(step * 1e3)
                 spread[0].append((step - low) * 1e3)
                 spread[1].append((high - step) * 1e3)
-        ax.bar(xs, ys, width, yerr=spread if any(spread[0] + spread[1]) else None, capsize=3,
-               color=f"C{i}", edgecolor="white", label=short_label(*source))
+        bars = ax.bar(xs, ys, width, yerr=spread if any(spread[0] + spread[1]) else None,
+                      capsize=3, color=f"C{i}", edgecolor="white", label=short_label(*source))
+        ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=7, padding=2)
     ax.set_xticks(range(len(groups)), [f"{s}\n{w} ranks" for s, w in groups])
     ax.set_ylabel("step time (ms)")
     both = {kind(r) for r in records} == {"measured", "predicted"}
-    ax.set_title(("Measured against predicted step time" if both else "Step time") +
+    ax.set_title(("Measured against predicted step time" if both else
+                  f"{kind(records[0]).capitalize()} step time") +
                  ", per strategy" + (" (error bars: min-max of the timed steps)" if any(
                      r["step_time_spread"][0] < r["step_time_spread"][1] for r in records)
                      else ""), fontsize=10)
+    ax.margins(y=0.12)                                                  # room for the values
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     method = timing_method(records)
     fig.text(0.99, 0.005, " and ".join(dict.fromkeys(stamp_kind(r) for r in records)),

@@ -47,7 +47,8 @@ ANSWERS = {"Q1": q1_seven_billion, "Q2": q2_gpt3_layout, "Q3": q3_global_batch,
 
 
 # ----------------------------------------------------------------------------
-# Reading times (the README's "reading" column, recomputed by notebook 00)
+# Reading times: the README's "reading" column and notebook 00's course map
+# (tests/test_study_welcome.py keeps both equal to reading_table)
 # ----------------------------------------------------------------------------
 
 WORDS_PER_MINUTE = 200       # prose (Brysbaert 2019 measured 238 for silent reading)
@@ -80,9 +81,3 @@ def reading_table(folder: Path) -> dict[str, int]:
     """Each notebook of ``folder`` (by stem) and its reading time in whole minutes."""
     return {path.stem: round(reading_minutes(path))
             for path in sorted(Path(folder).glob("[0-9A]*.ipynb"))}
-
-
-def reading_times(folder: Path) -> str:
-    """One line per notebook of ``folder``: its name and reading minutes (the README's column)."""
-    return "\n".join(f"{stem:28s} {minutes:3d} min"
-                     for stem, minutes in reading_table(folder).items())
