@@ -381,6 +381,9 @@ def test_timer_wall_time_and_stamp_report_emulated_time():
     label = plots.machine_label("gloo", 4, emulated="h100-node")
     assert label.startswith("emulated H100 + NVLink, measured from the real code on ")
     assert plots.machine_label("gloo", 4).startswith("measured on ")
+    assert plots.machine_label("gloo", 4, kind="counted").startswith("counted on ")
+    with pytest.raises(ValueError, match="'measured', 'counted' or 'computed'"):
+        plots.machine_label("gloo", 4, kind="timed")
 
 
 def test_mfu_is_model_flops_over_peak():

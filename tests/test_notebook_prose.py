@@ -51,8 +51,6 @@ ALLOWED = [
      "configuration: the sizes compared (busbw[-1] > 100 x busbw[0], asserted)"),
     ("01_collectives.ipynb", "At 16 MiB neither is twice as fast",
      "configuration and tolerance asserted after the sweep (0.5 < ratio_med[-1] < 2)"),
-    ("01_collectives.ipynb", "Over all pairs at 1 KiB and 64 KiB",
-     "configuration: the sizes whose pairs the ratio pools (small < 1/2, asserted)"),
     ("02_data_parallel.ipynb", "at or above it, to 0.1%",
      "the printed rounding; asserted at 1e-6 in the cell above (closed form >= step where hidden)"),
     ("02_data_parallel.ipynb", "Per-parameter comes within 1% of the best",

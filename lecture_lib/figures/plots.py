@@ -56,17 +56,21 @@ def cpu_name() -> str:
 
 
 def machine_label(backend: str | None = None, world_size: int | None = None,
-                  emulated=None) -> str:
+                  emulated=None, kind: str = "measured") -> str:
     """E.g. 'measured on Intel Xeon, 2 cores, no GPU; gloo, 4 ranks (one process each)'.
 
     ``emulated`` (a preset name or an ``emulate.Cluster``): 'emulated H100 +
-    NVLink, measured from the real code on Intel Xeon, ...'.
+    NVLink, measured from the real code on Intel Xeon, ...'. ``kind`` names what the
+    figure shows of the real run when it is not a time: ``"counted"`` (bytes, calls, FLOPs)
+    or ``"computed"`` (losses, values): 'counted on Intel Xeon, ...'.
     """
+    if kind not in ("measured", "counted", "computed"):
+        raise ValueError(f"kind is 'measured', 'counted' or 'computed', not {kind!r}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpu = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "no GPU"
     text = f"on {cpu_name()}, {os.cpu_count()} cores, {gpu}"
     if emulated is None:
-        text = f"measured {text}"
+        text = f"{kind} {text}"
     else:
         text = f"{emulate.label(emulated)}, measured from the real code {text}"
     if backend:
@@ -77,12 +81,13 @@ def machine_label(backend: str | None = None, world_size: int | None = None,
 
 
 def stamp(fig, backend: str | None = None, world_size: int | None = None,
-          text: str | None = None, emulated=None) -> None:
+          text: str | None = None, emulated=None, kind: str = "measured") -> None:
     """Write who measured the figure, and in which time, in its bottom-right corner.
 
-    ``emulated``: the preset the figure's times were emulated on (None: real time).
+    ``emulated``: the preset the figure's times were emulated on (None: real time);
+    ``kind``: "counted" or "computed" for a figure of bytes or values (:func:`machine_label`).
     """
-    fig.text(0.99, 0.005, text or machine_label(backend, world_size, emulated), ha="right",
+    fig.text(0.99, 0.005, text or machine_label(backend, world_size, emulated, kind), ha="right",
              va="bottom", fontsize=8, color="0.4")
 
 
