@@ -44,3 +44,15 @@ def test_picture_draws_the_plan():
 def test_bad_split():
     with pytest.raises(ValueError, match="evenly"):
         dispatch_example(p=3, num_experts=4)
+
+
+@pytest.mark.parametrize("p,experts,seed", [(3, 6, 0), (4, 4, 0), (4, 8, 3)])
+def test_counts_do_not_overlap(p, experts, seed):
+    fig, _ = draw_all_to_all(dispatch_example(p, 4, experts, 1, seed=seed))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text().isdigit()]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), (ax.get_title(), a, b)
+    plt.close(fig)

@@ -74,3 +74,26 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
+
+
+def gpipe_blocks(pipe, min_block: float = 5e-6):
+    """Section 2's two-stage pipeline trace as timeline blocks: each stage's computing in rank 0's
+    last recorded step, in seconds from that step's start. Each rank's clock starts at its own
+    step, so stage 1 is shifted until its first receive ends when stage 0's first send does.
+    Blocks shorter than ``min_block`` (the SGD step, clipped slivers) are dropped. Stage 1 runs F1
+    and B0 back to back: one block. Returns ({stage: [(kind, start, end, label)]}, step length)."""
+    first = lambda p, word: next(e.end for e in p.events if e.name.startswith(word))  # noqa: E731
+    shift = first(pipe[1], "recv") - first(pipe[0], "send")
+    start, end = pipe[0].steps[-1]
+
+    def blocks(p, dt):
+        spans = [(max(e.start - dt, start) - start, min(e.end - dt, end) - start)
+                 for e in p.events if e.kind == "compute"]
+        return [(a, b) for a, b in spans if b - a > min_block]
+
+    s0, s1 = blocks(pipe[0], 0.0), blocks(pipe[1], shift)
+    assert len(s0) == 4 and len(s1) == 3, (s0, s1)
+    return ({"stage 0": [("F", *s0[0], "F0"), ("F", *s0[1], "F1"),
+                         ("B", *s0[2], "B0"), ("B", *s0[3], "B1")],
+             "stage 1": [("F", *s1[0], "F0"), ("FB", *s1[1], "F1 B0"), ("B", *s1[2], "B1")]},
+            end - start)

@@ -53,12 +53,17 @@ def dispatch_example(p: int = 4, tokens_per_rank: int = 6, num_experts: int = 4,
 
 HALF_WIDTH = {"home": 0.25, "experts": 0.2}
 """Half the width of a rank's box, in axis units: where an arrow starts and ends."""
+ALONG = (0.72, 0.6, 0.5, 0.4, 0.3, 0.82)
+"""Where a count may sit along its arrow, first choice first (a share of the arrow's length)."""
+CLEAR_PX = (22, 16)
+"""How far apart two counts' centres must be, across or up, in display pixels."""
 
 
 def _links(ax, send, p, reverse: bool) -> list[tuple[int, int, int]]:
     """Arrows from rank r (left, its tokens) to rank s (right, its experts) with the row count;
     for combine, from rank s (left, its experts) back to rank r (right, its tokens)."""
-    drawn = []
+    drawn, placed = [], []      # placed: the counts' centres, in display pixels
+    to_px = ax.transData.transform
     for r in range(p):
         for s in range(p):
             n = send[r][s]
@@ -73,8 +78,16 @@ def _links(ax, send, p, reverse: bool) -> list[tuple[int, int, int]]:
                         arrowprops={"arrowstyle": "-|>", "mutation_scale": 12, "shrinkA": 0,
                                     "shrinkB": 0, "lw": 0.6 + 0.6 * n,
                                     "color": RANK_COLORS[r % 8], "alpha": 0.8})
-            along = 0.72                # the count sits near the arrowhead, off the crossings
-            ax.text(x0 + (x1 - x0) * along, y0 + (y1 - y0) * along, str(n), fontsize=8,
+            # the count sits near the arrowhead, slid back along its arrow until it is clear of
+            # every count already written (where arrows converge, the labels would overlap)
+            for along in ALONG:
+                at = (x0 + (x1 - x0) * along, y0 + (y1 - y0) * along)
+                px = to_px(at)
+                if all(abs(px[0] - q[0]) > CLEAR_PX[0] or abs(px[1] - q[1]) > CLEAR_PX[1]
+                       for q in placed):
+                    break
+            placed.append(px)
+            ax.text(*at, str(n), fontsize=8,
                     ha="center", va="center", color=RANK_COLORS[r % 8],
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
             drawn.append((r, s, n))
@@ -92,6 +105,7 @@ def draw_all_to_all(example: dict | None = None):
     for ax, phase in zip(axes, ("dispatch", "combine")):
         combine = phase == "combine"
         # combine sends rank s's results back to r: the same matrix, transposed
+        ax.set(xlim=(-0.45, 1.45), ylim=(-p + 0.4, 0.6))       # before _links measures pixels
         drawn[phase] = [(s, r, n) if combine else (r, s, n)
                         for r, s, n in _links(ax, ex["send"], p, reverse=combine)]
         for rank in range(p):

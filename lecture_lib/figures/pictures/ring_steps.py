@@ -45,5 +45,6 @@ def draw_ring_steps(cp: int = 4, layout: str = "zigzag", causal: bool = True, ax
     ax.set_yticks([s + 0.46 for s in range(cp)], [f"step {s}" for s in range(cp)])
     ax.grid(False)
     ax.set_title(f"ring attention, cp={cp}, {layout} layout{', causal' if causal else ''}: "
-                 "qAkB = query chunk A against key chunk B (* masked diagonal)", fontsize=9)
+                 "qAkB = query chunk A against key chunk B"
+                 + (" (* masked diagonal)" if causal else ""), fontsize=9)
     return ax.figure

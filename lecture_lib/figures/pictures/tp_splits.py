@@ -46,16 +46,16 @@ def split_blocks(batch: int, seq: int, hidden: int, heads: int, tp: int) -> dict
     out = weight_shard_shape(h, h, tp, "row")
     x = ("tensor", "X", _shape(b, s, h))
     attention = [x, ("comm", F_TEXT, ""),
-                 ("weight", "W_QKV\ncolumn-parallel", _shape(*qkv)),
+                 ("weight", "W_QKV\ncolumn shard\n[h, 3h/tp]", _shape(*qkv)),
                  ("local", f"q, k, v\n{heads // tp} heads", _shape(b, s, qkv[1])),
                  ("local", f"attention\n{heads // tp} of {heads} heads", _shape(b, s, out[0])),
-                 ("weight", "W_O\nrow-parallel", _shape(*out)),
+                 ("weight", "W_O\nrow shard\n[h/tp, h]", _shape(*out)),
                  ("local", "partial\nsum", _shape(b, s, h)),
                  ("comm", G_TEXT, ""), ("tensor", "Y", _shape(b, s, h))]
     mlp = [x, ("comm", F_TEXT, ""),
-           ("weight", "W1\ncolumn-parallel", _shape(*w1)),
+           ("weight", "W1\ncolumn shard\n[h, 4h/tp]", _shape(*w1)),
            ("local", "GELU(X W1_i)", _shape(b, s, w1[1])),
-           ("weight", "W2\nrow-parallel", _shape(*w2)),
+           ("weight", "W2\nrow shard\n[4h/tp, h]", _shape(*w2)),
            ("local", "partial\nsum", _shape(b, s, h)),
            ("comm", G_TEXT, ""), ("tensor", "Z", _shape(b, s, h))]
     return {"attention": attention, "mlp": mlp}

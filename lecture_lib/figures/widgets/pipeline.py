@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 
 from ...costmodel import pipeline_bubble, zb_h1_bubble
 from ...pipeline import NAMES, make_schedule, simulate
+from ...pipeline.simulate import action_costs
 from .. import plots
 from . import explorer
 
@@ -36,7 +37,9 @@ def schedule_figure(name: str, pp: int, m: int, v: int = 1, t_forward: float = 1
                         + f"; simulated bubble {sim.bubble_fraction:.1%} "
                         f"(closed form {theory:.1%}); peak activations "
                         f"{max(sim.peak_activations):g} micro-batches")
-    ax.set_xlabel("simulated time (units of one stage's forward)")
+    cost = action_costs(schedule, t_forward, t_backward, t_weight)     # per action, as drawn
+    units = ", ".join(f"{k} = {cost[k]:g}" for k in "FBW" if k != "W" or schedule.split_backward)
+    ax.set_xlabel(f"simulated time (units: {units})")
     return fig, sim
 
 
