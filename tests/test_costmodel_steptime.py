@@ -11,6 +11,8 @@ from lecture_lib.costmodel.steptime import (
     A100_CLUSTER,
     Cluster,
     Parallelism,
+    grad_sync_bytes,
+    grad_sync_seconds,
     group_link,
     microbatches,
     step_time,
@@ -135,3 +137,28 @@ def test_bad_optimizer_and_overlap():
         step_time(GPT3, LECTURE, A100_CLUSTER, 1536, optimizer="lamb")
     with pytest.raises(TypeError, match="dp_overlap"):
         Parallelism(ParallelDims(), dp_overlap="no")
+
+
+def test_zero2_reduce_scatters_every_microbatch():
+    """ZeRO-2 keeps only its gradient shard: m micro-batches, m reductions of the gradients;
+    ZeRO-1 accumulates full gradients and reduces once. One micro-batch: the same."""
+    gpt3 = PRESETS["GPT-3 175B"]
+    link = A100_CLUSTER.inter
+    for m in (1, 4, 192):
+        z1, z2 = (Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(zero_stage=z))
+                  for z in (1, 2))
+        n = gpt3.num_params
+        assert grad_sync_bytes(n, 2, z2, m) == m * grad_sync_bytes(n, 2, z1, m)
+        one, two = (grad_sync_seconds(gpt3.num_params, 2, p, 8, link, m) for p in (z1, z2))
+        if m == 1:
+            assert two == pytest.approx(one, rel=1e-12)
+        else:
+            assert two > one * (m + 1) / 2 * 0.99          # m reduce-scatters + one all-gather
+    def steps(batch):
+        return [step_time(gpt3, Parallelism(ParallelDims(dp=8, tp=8, pp=16),
+                                            Recipe(microbatch_size=1, zero_stage=z)),
+                          A100_CLUSTER, batch) for z in (1, 2)]
+    t1, t2 = steps(1536)
+    assert t2.microbatches == 192 and t2.dp_comm > t1.dp_comm and t2.total > t1.total
+    t1, t2 = steps(8)
+    assert t1.microbatches == 1 and t2.dp_comm == pytest.approx(t1.dp_comm, rel=1e-12)

@@ -23,8 +23,7 @@ from .steptime import (
     Cluster,
     Parallelism,
     StepTime,
-    exposed_after_backward,
-    grad_sync_seconds,
+    grad_sync_exposed,
     group_link,
     step_time,
 )
@@ -99,13 +98,14 @@ def explain(best: Plan, plans: list[Plan]) -> str:
 CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
 
 
-def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatch_compute: float) -> float:
-    """The gradient all-reduce over the ``dp x cp`` ranks less the last backward it hides."""
+def _dp_exposed(shape, par, cp: int, cluster: Cluster, microbatches: int,
+                microbatch_compute: float) -> float:
+    """The gradient sync over the ``dp x cp`` ranks less the backward passes that hide it."""
     d = par.dims
     ranks = d.dp * cp
     link = cluster.intra if ranks * d.tp * d.pp <= cluster.gpus_per_node else cluster.inter
-    return exposed_after_backward(grad_sync_seconds(shape.num_params, 2, par, ranks, link),
-                                  microbatch_compute)
+    return grad_sync_exposed(shape.num_params, 2, par, ranks, link, microbatches,
+                             microbatch_compute)
 
 
 @dataclass
@@ -150,7 +150,8 @@ def plan_context_parallel(shape: TransformerShape, cluster: Cluster, global_batc
             compute = t.compute / cp
             t = replace(t, compute=compute, bubble=t.bubble / cp, tp_comm=t.tp_comm / cp,
                         pp_comm=t.pp_comm / cp,
-                        dp_comm=_dp_exposed(shape, par, cp, cluster, compute / t.microbatches))
+                        dp_comm=_dp_exposed(shape, par, cp, cluster, t.microbatches,
+                                            compute / t.microbatches))
             link = None if cp == 1 else (cluster.intra if d.tp * cp <= cluster.gpus_per_node
                                          else cluster.inter)
             exposed = cp_exposed_comm(shape, r.microbatch_size, cp, link,
@@ -213,13 +214,14 @@ def expert_parallel_step(shape: TransformerShape, moe: MoESpec, ep: int, par: Pa
     t = step_time(replace(shape, num_params=split["active"]), par, cluster, global_batch,
                   value_bytes)
     dp_link = group_link(par, "dp", cluster)
-    if ep == 1:
-        sync = grad_sync_seconds(split["total"], 2, par, d.dp, dp_link)
-    else:
-        sync = (grad_sync_seconds(split["dense"], 2, par, d.dp, dp_link)
-                + grad_sync_seconds(split["expert"] / ep, 2, par, d.dp // ep, dp_link))
     pipelined = t.compute + t.details["memory-bound"].get("element-wise", 0.0)
-    t = replace(t, dp_comm=exposed_after_backward(sync, pipelined / t.microbatches))
+    m = t.microbatches
+    if ep == 1:
+        sync = grad_sync_exposed(split["total"], 2, par, d.dp, dp_link, m, pipelined / m)
+    else:
+        sync = grad_sync_exposed(split["dense"], 2, par, d.dp, dp_link, m, pipelined / m,
+                                 also=((split["expert"] / ep, d.dp // ep),))
+    t = replace(t, dp_comm=sync)
     ep_link = group_link(replace(par, dims=replace(d, dp=ep)), "dp", cluster)  # dp's fastest ep
     a2a = 0.0
     if ep_link:

@@ -18,10 +18,14 @@ Megatron-LM", sections 3.1-3.3):
 * **pipeline sends**: one activation forward and one gradient back per
   micro-batch and stage boundary;
 * **data parallel**: one all-reduce of this device's gradients (2 bytes per
-  parameter) per step, or reduce-scatter + all-gather under ZeRO-1/2 (the same
-  volume), plus one more all-gather of parameters under ZeRO-3 (1.5x, the
-  ZeRO paper, section 7); it overlaps with the last micro-batch's backward
-  (or, with ``dp_overlap=False``, follows the pipeline as in :mod:`lecture_lib.hybrid`);
+  parameter) per step, or reduce-scatter + all-gather under ZeRO-1 (the same
+  volume); it overlaps with the last micro-batch's backward (or, with
+  ``dp_overlap=False``, follows the pipeline as in :mod:`lecture_lib.hybrid`).
+  ZeRO-2 and ZeRO-3 keep only a gradient shard, so under gradient accumulation
+  they reduce-scatter every micro-batch's gradients (``m`` reduce-scatters per
+  step, as DeepSpeed's stage 2 does), each overlapping its own micro-batch's
+  backward, then all-gather the parameters once; ZeRO-3 all-gathers them once
+  more (1.5x ZeRO-1's volume at ``m = 1``, the ZeRO paper, section 7);
 * **memory-bound work**, only when the cluster states a ``memory_bandwidth``: the
   element-wise operations of each layer (stretched by the bubble like the compute),
   the optimizer update and the flat gradient buffer, at that bandwidth
@@ -172,19 +176,63 @@ def microbatches(global_batch: int, par: Parallelism) -> int:
     return par.recipe.split(global_batch, par.dims.dp)[0]
 
 
-def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
-                      link: Link | None) -> float:
-    """The all-reduce of one device's gradients over ``ranks`` ranks, in seconds.
+def gradient_reductions(par: Parallelism, microbatches: int = 1) -> int:
+    """Gradient reductions per step: one under ZeRO-0/1 (full gradients accumulate),
+    one per micro-batch under ZeRO-2/3 (only the shard is kept, so each micro-batch's
+    gradients are reduce-scattered before the next one's arrive)."""
+    return microbatches if par.recipe.zero_stage >= 2 else 1
 
-    The device holds ``1/(tp pp)`` of ``num_params``, ``value_bytes`` each; under
-    ZeRO-3 the parameters' all-gather adds half again (1.5x, Rajbhandari et al.
-    2020). Zero on one rank or without a link.
+
+def grad_sync_bytes(num_params: float, value_bytes: int, par: Parallelism,
+                    microbatches: int = 1) -> float:
+    """Bytes of gradients one device hands to its reductions per step:
+    ``value_bytes`` for each of its ``num_params / (tp pp)`` parameters, times
+    :func:`gradient_reductions`."""
+    d = par.dims
+    return gradient_reductions(par, microbatches) * value_bytes * num_params / (d.tp * d.pp)
+
+
+def _dp_collectives(num_params, value_bytes, par, ranks, link):
+    """(one reduce-scatter of the gradients, the all-gathers after the step) in seconds."""
+    d = par.dims
+    nbytes = value_bytes * num_params / (d.tp * d.pp)
+    if par.recipe.zero_stage < 2:
+        return 0.0, collective_time("all_reduce", nbytes, ranks, link)
+    rs = collective_time("reduce_scatter", nbytes, ranks, link)
+    gathers = 2 if par.recipe.zero_stage == 3 else 1
+    return rs, gathers * collective_time("all_gather", nbytes, ranks, link)
+
+
+def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
+                      link: Link | None, microbatches: int = 1) -> float:
+    """The data-parallel gradient sync of one device over ``ranks`` ranks, in seconds per step.
+
+    The device holds ``1/(tp pp)`` of ``num_params``, ``value_bytes`` each. ZeRO-0/1:
+    one all-reduce per step. ZeRO-2: a reduce-scatter per micro-batch, then one
+    all-gather of the parameters; ZeRO-3 all-gathers once more (1.5x at one
+    micro-batch, Rajbhandari et al. 2020). Zero on one rank or without a link.
     """
     if ranks == 1 or link is None:
         return 0.0
-    d = par.dims
-    total = collective_time("all_reduce", value_bytes * num_params / (d.tp * d.pp), ranks, link)
-    return total * (1.5 if par.recipe.zero_stage == 3 else 1.0)
+    rs, after = _dp_collectives(num_params, value_bytes, par, ranks, link)
+    return gradient_reductions(par, microbatches) * rs + after if rs else after
+
+
+def grad_sync_exposed(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
+                      link: Link | None, microbatches: int, microbatch_compute: float,
+                      also: tuple = ()) -> float:
+    """What of :func:`grad_sync_seconds` the backward passes leave exposed: the last
+    micro-batch's backward hides the final sync; under ZeRO-2/3 each earlier
+    micro-batch's reduce-scatter hides behind its own backward (2/3 of its compute).
+    ``also``: more ``(num_params, ranks)`` groups synced alongside (MoE's experts)."""
+    rs = after = 0.0
+    for n, r in ((num_params, ranks), *also):
+        if r > 1 and link is not None:
+            a, b = _dp_collectives(n, value_bytes, par, r, link)
+            rs, after = rs + a, after + b
+    hidden = microbatch_compute * 2 / 3
+    earlier = (gradient_reductions(par, microbatches) - 1) * max(0.0, rs - hidden)
+    return earlier + exposed_after_backward(rs + after, microbatch_compute)
 
 
 def exposed_after_backward(total: float, microbatch_compute: float) -> float:
@@ -229,9 +277,12 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     pp_link = group_link(par, "pp", cluster)
     pp_comm = 2 * m * (pp_link.alpha + act_bytes / tp / pp_link.beta) if pp_link else 0.0
 
-    dp_total = grad_sync_seconds(shape.num_params, value_bytes, par, dp,
-                                 group_link(par, "dp", cluster))
-    dp_comm = exposed_after_backward(dp_total, pipelined / m) if par.dp_overlap else dp_total
+    dp_link = group_link(par, "dp", cluster)
+    if par.dp_overlap:
+        dp_comm = grad_sync_exposed(shape.num_params, value_bytes, par, dp, dp_link, m,
+                                    pipelined / m)
+    else:
+        dp_comm = grad_sync_seconds(shape.num_params, value_bytes, par, dp, dp_link, m)
     details = {"flops_per_device": training_flops(shape, tokens, par.recompute) / par.devices,
                "links": {a: (group_link(par, a, cluster).name if group_link(par, a, cluster)
                              else "-") for a in AXES}, "memory-bound": memory}

@@ -33,10 +33,10 @@ def plot_memory(ax, breakdowns: dict, device_gb: float = 80.0, highlight: str | 
         for kind in KINDS:
             height = breakdowns[label][kind] / GB
             ax.bar(i, height, bottom=bottom, color=KIND_COLORS[kind], width=0.6,
-                   label=kind if i == 0 else None,
-                   edgecolor="black" if label == highlight else "none",
-                   linewidth=2 if label == highlight else 0)   # no white edge: thin parts show
+                   label=kind if i == 0 else None, linewidth=0)   # no edge: thin parts show
             bottom += height
+        if label == highlight:                                    # one outline round the bar
+            ax.bar(i, bottom, width=0.6, fill=False, edgecolor="black", linewidth=1.5)
         ax.text(i, bottom, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(device_gb, color="#C44E52", linestyle="--", label=f"{device_gb:g} GB device")
     ax.set_xticks(range(len(labels)), [f"{x}\n(selected)" if x == highlight else x for x in labels])
