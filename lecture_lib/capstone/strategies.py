@@ -12,8 +12,8 @@ ZeRO stage of its recipe (:class:`lecture_lib.dims.Recipe`);
 strategy   pieces                                                          grid
 =========  ==============================================================  ===========
 ddp        :class:`~lecture_lib.data_parallel.DDPFlat`, AdamW                dp
-zero1      :class:`~lecture_lib.zero.ShardedOptimizer` after DDPFlat         dp
-zero2      ``ShardedOptimizer(gradients="reduce_scatter")``                  dp
+zero1      ``ShardedOptimizer(gradients="local")``, no all-reduce           dp
+zero2      :class:`~lecture_lib.zero.ShardedGradientOptimizer`               dp
 fsdp       :class:`~lecture_lib.zero.FullyShardedModel` (ZeRO-3)             dp
 tp         :class:`~lecture_lib.tensor_parallel.ParallelBlock` s             tp (x dp)
 pp         :class:`~lecture_lib.pipeline.PipelineExecutor`, 1F1B             pp (x dp)

@@ -74,8 +74,9 @@ class RankModel:
     """A rank's share of the model, its optimizer, and one training step.
 
     ZeRO stages 0 and 1 run a pipeline stage (the only one when ``pp = 1``) through the
-    executor, then average the gradients over dp (and cp); stages 2 and 3 run the whole
-    model, each micro-batch's gradients reduce-scattered as backward produces them.
+    executor, then average the gradients over dp (ZeRO-1: in its optimizer's step) and
+    cp; stages 2 and 3 run the whole model, each micro-batch's gradients reduce-scattered
+    as backward produces them.
     """
 
     def __init__(self, dims: ParallelDims, recipe: Recipe, grid: RankGrid, module: nn.Module,
@@ -105,8 +106,9 @@ class RankModel:
             return self._sharded_forward_backward(x, y)
         with observe.span("pipeline"):                 # forward + backward of each micro-batch
             loss = self._executor(x.shape[0]).step(x, y)
-        with observe.span("dp sync"):                  # once per step, dp group only
-            self.ddp.finish_gradient_synchronization()
+        if self.ddp is not None:                       # ZeRO-1: in the optimizer's step
+            with observe.span("dp sync"):              # once per step, dp group only
+                self.ddp.finish_gradient_synchronization()
         if self.dims.cp > 1:
             with observe.span("cp sync"):              # the same weights on every cp rank
                 sync_context_parallel_grads(self.module, self.grid.group("cp"))
@@ -172,14 +174,18 @@ def apply_context_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: R
 
 def apply_data_parallel(stage: nn.ModuleList, cfg: GPTConfig, dims: ParallelDims,
                         recipe: Recipe, grid: RankGrid, optimizer: str, lr: float) -> RankModel:
-    """A pipeline stage's gradients all-reduced over dp once per step (:class:`DDPFlat`),
-    then the one-process optimizer (ZeRO 0) or ZeRO-1's, on this rank's shards."""
+    """A pipeline stage over dp. ZeRO 0: its gradients all-reduced once per step
+    (:class:`DDPFlat`), then the one-process optimizer. ZeRO-1: no all-reduce; the optimizer
+    reduce-scatters the local gradients, steps this rank's shards and all-gathers them
+    (the same bytes: a ring all-reduce is a reduce-scatter and an all-gather)."""
     group = grid.group("dp")
     opt = make_optimizer(stage.parameters(), optimizer, lr)
+    activations = (cfg.seq_len // dims.cp, cfg.d_model)
     if recipe.zero_stage == 1:
-        opt = ShardedOptimizer(stage.parameters(), type(opt), group=group, **_settings(opt))
-    return RankModel(dims, recipe, grid, stage, opt, DDPFlat(stage, group=group),
-                     (cfg.seq_len // dims.cp, cfg.d_model))
+        opt = ShardedOptimizer(stage.parameters(), type(opt), group=group, gradients="local",
+                               **_settings(opt))
+        return RankModel(dims, recipe, grid, stage, opt, None, activations)
+    return RankModel(dims, recipe, grid, stage, opt, DDPFlat(stage, group=group), activations)
 
 
 def apply_sharded_data_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid,
