@@ -25,7 +25,7 @@ from . import fmt
 
 MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
 MODEL, DP, TP, PP, STAGE = "Llama-style 70B", 4, 8, 2, 1
-GPT3_LAYOUT = {"dp": 16, "tp": 8, "pp": 8, "zero_stage": 1}    # the calculator's (notebook 03)
+GPT3_LAYOUT = {"dp": 8, "tp": 8, "pp": 16, "zero_stage": 1}  # notebook 08's (Narayanan et al.)
 
 
 def q2() -> list[str]:
