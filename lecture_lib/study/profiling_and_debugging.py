@@ -4,7 +4,11 @@ gradients do to SGD, and a step's buckets on the communication stream (in flight
 smaller messages take longer in all, yet the step is shorter; and what if the link is slower)."""
 from __future__ import annotations
 
+import math
+
+from .. import observe, profiling
 from ..costmodel import pipeline_bubble
+from ..metrics import now
 from ..profiling import diagnose
 from . import fmt
 
@@ -76,24 +80,60 @@ def q5() -> list[str]:
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
 
 
-def gpipe_blocks(pipe, min_block: float = 5e-6):
-    """Section 2's two-stage pipeline trace as timeline blocks: each stage's computing in rank 0's
-    last recorded step, in seconds from that step's start. Each rank's clock starts at its own
-    step, so stage 1 is shifted until its first receive ends when stage 0's first send does.
-    Blocks shorter than ``min_block`` (the SGD step, clipped slivers) are dropped. Stage 1 runs F1
-    and B0 back to back: one block. Returns ({stage: [(kind, start, end, label)]}, step length)."""
+def step_spans(p) -> list[tuple[str, float, float]]:
+    """Rank ``p``'s last recorded step as timeline spans, in seconds from its start: its
+    computing split by the timer's phase (``forward``, ``backward``, ``finish the sync``: the
+    ``wait`` phase of :func:`~lecture_lib.profiling.data_parallel_step`, ``optimizer``) and each
+    all-reduce (``comm``). Asserts that the phases cover all the computing."""
+    start, end = p.steps[-1]
+    names = {"forward": "forward", "backward": "backward", "wait": "finish the sync",
+             "optimizer": "optimizer"}
+    phases = [(names[n], a, b) for n, a, b in p.timer_spans if n in names]
+    out, computing = [], 0.0
+    for e in p.events:
+        a, b = max(e.start, start), min(e.end, end)
+        if b <= a or e.kind not in ("compute", "comm"):
+            continue
+        if e.kind == "comm":
+            out.append(("comm", a - start, b - start))
+            continue
+        computing += b - a
+        for n, pa, pb in phases:
+            if min(b, pb) > max(a, pa):
+                out.append((n, max(a, pa) - start, min(b, pb) - start))
+    assert math.isclose(sum(b - a for k, a, b in out if k != "comm"), computing, rel_tol=1e-9)
+    return out
+
+
+def pipeline_step_marked(timer, **kwargs):
+    """:func:`~lecture_lib.profiling.pipeline_step`, with each forward and backward of each
+    micro-batch added to ``timer``'s spans as ``("F0", start, end)``, ``("B1", ...)``: the
+    executor marks every action (:func:`lecture_lib.observe.span`); this only listens."""
+    step = profiling.pipeline_step(timer, **kwargs)
+
+    def marked(i):
+        with observe.watch() as watcher:
+            step(i)
+        t0 = timer.now() - now(stream_only=True)           # the timer's zero on this clock
+        timer.spans += [(str(s.data["action"]), s.start + t0, s.end + t0)
+                        for s in watcher.spans if s.name in ("F", "B")]
+    return marked
+
+
+def gpipe_blocks(pipe):
+    """Section 2's two-stage pipeline (profiled with :func:`pipeline_step_marked`) as timeline
+    blocks: each forward and backward of each micro-batch in each stage's last recorded step,
+    in seconds from rank 0's step start. Each rank's clock starts at its own step, so stage 1
+    is shifted until its first receive ends when stage 0's first send does. Returns
+    ({stage: [(kind, start, end, label)]}, step length, shift of stage 1 in seconds)."""
     first = lambda p, word: next(e.end for e in p.events if e.name.startswith(word))  # noqa: E731
     shift = first(pipe[1], "recv") - first(pipe[0], "send")
-    start, end = pipe[0].steps[-1]
-
-    def blocks(p, dt):
-        spans = [(max(e.start - dt, start) - start, min(e.end - dt, end) - start)
-                 for e in p.events if e.kind == "compute"]
-        return [(a, b) for a, b in spans if b - a > min_block]
-
-    s0, s1 = blocks(pipe[0], 0.0), blocks(pipe[1], shift)
-    assert len(s0) == 4 and len(s1) == 3, (s0, s1)
-    return ({"stage 0": [("F", *s0[0], "F0"), ("F", *s0[1], "F1"),
-                         ("B", *s0[2], "B0"), ("B", *s0[3], "B1")],
-             "stage 1": [("F", *s1[0], "F0"), ("FB", *s1[1], "F1 B0"), ("B", *s1[2], "B1")]},
-            end - start)
+    origin = pipe[0].steps[-1][0]
+    out = {}
+    for p, dt in ((pipe[0], 0.0), (pipe[1], shift)):
+        start, end = p.steps[-1]
+        out[f"stage {p.rank}"] = [(name[0], a - dt - origin, b - dt - origin, name)
+                                  for name, a, b in p.timer_spans if start <= a and b <= end]
+    for blocks in out.values():
+        assert sorted(label for *_, label in blocks) == ["B0", "B1", "F0", "F1"], blocks
+    return out, pipe[0].steps[-1][1] - origin, shift
