@@ -17,9 +17,9 @@ import pytest
 import lecture_lib
 from lecture_lib.capstone import cli
 from lecture_lib.capstone import compare as compare_mod
-from lecture_lib.capstone.predict import same_clock_real_and_dry, strategy_layout
+from lecture_lib.capstone.predict import predict, same_clock_real_and_dry, strategy_layout
 from lecture_lib.capstone.report import FIELDS
-from lecture_lib.models import GPTConfig
+from lecture_lib.models import GPTConfig, real_size
 from lecture_lib.runtime import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,16 @@ def test_each_strategys_dry_run_reads_the_real_runs_clock_exactly(strategies, wo
             real, dry = rank[strategy][False], rank[strategy][True]
             assert real["now"] > 0 and real["comm_bytes"] > 0, strategy
             assert dry == real, strategy          # now, totals, bytes, spans, issue times
+
+
+def test_a_prediction_says_how_much_of_its_step_computes():
+    """``compute_seconds``: the compute stream's busy time in the timed step. ZeRO-1 sends
+    DDP's bytes and computes less: its AdamW steps half the parameters on 2 GPUs."""
+    model = real_size("GPT-2 small", n_layers=2)
+    ddp, zero1 = (predict(s, 2, model=model, global_batch=4) for s in ("ddp", "zero1"))
+    for r in (ddp, zero1):
+        assert 0 < r["compute_seconds"] < r["step_time"]
+    assert zero1["compute_seconds"] < ddp["compute_seconds"]
 
 
 def test_layouts_of_the_strategies_on_gpt2_small():

@@ -6,7 +6,8 @@ operation and collective charged what the preset's GPUs and links would take) on
 of real size, GPT-2 small by default (:data:`lecture_lib.models.REAL_SIZE`, 124M
 parameters, 1024 tokens). :func:`predict` times one strategy on ``world_size`` emulated
 GPUs and returns a record of :mod:`.report` (the fields a real run writes to ``--out``);
-:func:`predict_strategies` does every strategy on each world size.
+:func:`predict_strategies` does every strategy on each world size. A prediction also says
+how much of its step computes (``compute_seconds``), which a GPU trace shows as kernels.
 
 What the prediction assumes, and a real run must match to be compared with it (the record's
 ``settings``): bf16 autocast (mixed precision; fp32 weights, gradients and optimizer state),
@@ -119,7 +120,17 @@ def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig
                  settings=settings("bf16", cluster.launch if cluster.calibrated else "roofline",
                                    m, b))
     held = max(sum(r["held"].values()) for r in results)
-    return {**out, "state_bytes_counted": held, "wall_seconds": wall}
+    return {**out, "state_bytes_counted": held, "compute_seconds": step_compute(results),
+            "wall_seconds": wall}
+
+
+def step_compute(results: list[dict]) -> float:
+    """Seconds the compute stream was busy in the timed (last) step, on the rank that ended
+    it last: the step less its ``compute_seconds`` is communication and waiting nothing hid."""
+    last = max(results, key=lambda r: r["ends"][-1])
+    start, end = last["starts"][-1], last["ends"][-1]
+    return sum(min(e, end) - max(s, start) for kind, s, e, *_ in last["clock"]["spans"]
+               if kind not in ("comm", "idle") and e > start and s < end)
 
 
 def predict_strategies(world_sizes=(4, 8), presets=("h100-node",), strategies=STRATEGIES,
