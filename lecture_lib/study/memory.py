@@ -70,3 +70,49 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}
+
+
+def _span(r: dict, kind: str, unit: str, phase: str) -> tuple[float, float]:
+    return next((a, b) for k, u, ph, a, b in r["unit_spans"] if (k, u, ph) == (kind, unit, phase))
+
+
+def blocked(r: dict) -> dict:
+    """Seconds rank 0 waits for each (unit, phase)'s all-gather in one emulated FSDP step."""
+    return {(u, ph): b - a for k, u, ph, a, b in r["unit_spans"] if k == "blocked"}
+
+
+def in_flight_while_computing(r: dict, nxt: str, cur: str, phase: str) -> bool:
+    """Whether unit ``nxt``'s all-gather is in flight while unit ``cur`` computes."""
+    spans = r["unit_spans"]
+    flying = [(a, b) for k, u, ph, a, b in spans if k == "in flight" and u == nxt and ph == phase]
+    busy = [(a, b) for k, u, ph, a, b in spans if k == "compute" and u == cur and ph == phase]
+    return any(min(b, d) > max(a, c) for a, b in flying for c, d in busy)
+
+
+def fsdp_timeline(on: dict, off: dict) -> dict:
+    """Section 6's FSDP timeline (``zero.emulated.time_at_scale`` cases, prefetch on and off).
+
+    ``parts``: the exposed time split by where the rank waits (blocks, embeddings, head);
+    ``worst``: over the blocks after block 0's forward, the largest ratio of the wait with
+    prefetch to the wait without; ``blocks_waiting_off``: how many (block, phase) pairs wait
+    without prefetch; ``prefetch_overlaps``: whether block 1's forward all-gather flies while
+    block 0 computes and block 0's backward one while block 1 computes (prefetch on, off);
+    ``tok_emb_unhidden``: the rank waits for all of the token embedding's forward all-gather.
+    """
+    b_on, b_off = blocked(on), blocked(off)
+    hidden = [k for k in b_off if k[0].startswith("blocks.") and k != ("blocks.0", "forward")]
+    parts = {p: sum(t for (u, _), t in b_on.items() if u.startswith(p))
+             for p in ("blocks.", "tok_emb", "pos_emb", "head")}
+    return {
+        "parts": parts,
+        "other": on["exposed"] - sum(parts.values()),
+        "worst": max(b_on.get(k, 0.0) / b_off[k] for k in hidden),
+        "n_after_first": len(hidden),
+        "blocks_waiting_off": sum(u.startswith("blocks.") for u, _ in b_off),
+        "prefetch_overlaps": {
+            name: (in_flight_while_computing(r, "blocks.1", "blocks.0", "forward")
+                   and in_flight_while_computing(r, "blocks.0", "blocks.1", "backward"))
+            for name, r in (("on", on), ("off", off))},
+        "tok_emb_unhidden": _span(on, "blocked", "tok_emb", "forward")
+        == _span(on, "in flight", "tok_emb", "forward"),
+    }

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import math
 
-from .. import observe, profiling
+import lecture_lib
+
+from .. import emulate, observe, profiling
 from ..costmodel import pipeline_bubble
-from ..metrics import now
+from ..data_parallel.ddp import DDPBucketed
+from ..emulate.clock import Clock
+from ..metrics import Timer, now
 from ..profiling import diagnose
 from . import fmt
 
@@ -82,11 +86,11 @@ ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
 
 def step_spans(p) -> list[tuple[str, float, float]]:
     """Rank ``p``'s last recorded step as timeline spans, in seconds from its start: its
-    computing split by the timer's phase (``forward``, ``backward``, ``finish the sync``: the
-    ``wait`` phase of :func:`~lecture_lib.profiling.data_parallel_step`, ``optimizer``) and each
+    computing split by the timer's phase (``forward``, ``backward``, ``copy back the gradients``:
+    the ``wait`` phase of :func:`~lecture_lib.profiling.data_parallel_step`, ``optimizer``) and each
     all-reduce (``comm``). Asserts that the phases cover all the computing."""
     start, end = p.steps[-1]
-    names = {"forward": "forward", "backward": "backward", "wait": "finish the sync",
+    names = {"forward": "forward", "backward": "backward", "wait": "copy back the gradients",
              "optimizer": "optimizer"}
     phases = [(names[n], a, b) for n, a, b in p.timer_spans if n in names]
     out, computing = [], 0.0
@@ -137,3 +141,60 @@ def gpipe_blocks(pipe):
     for blocks in out.values():
         assert sorted(label for *_, label in blocks) == ["B0", "B1", "F0", "F1"], blocks
     return out, pipe[0].steps[-1][1] - origin, shift
+
+
+def copy_back(world: int, preset, steps: int = 4, **kwargs) -> dict:
+    """What rank 0's compute stream does in the last of ``steps`` steps of bucketed
+    :func:`~lecture_lib.profiling.data_parallel_step` under ``emulate.emulated(preset)``.
+    ``out["copy back"]``: its last phase (``finish_gradient_synchronization``, timed as
+    ``"wait"``), where for each bucket it waits for the all-reduce, then copies the averaged slice
+    back into each parameter's ``.grad``; ``out["step"]``: the whole step. Each holds seconds:
+    ``kernels`` (on the device), ``host`` (the stream waiting for the host to launch the next
+    kernel: the emulated trace counts it as computing), ``comm`` (the stream waiting for an
+    all-reduce), ``length``; and ``launches``."""
+    return lecture_lib.run(_copy_back, world, preset, steps, kwargs, timeout=180)[0]
+
+
+def _copy_back(preset, steps, kwargs):
+    fresh = lambda: {"kernels": 0.0, "host": 0.0, "comm": 0.0, "length": 0.0, "launches": 0}  # noqa: E731
+    out, where = {"copy back": fresh(), "step": fresh()}, ["step"]
+    launch, wait_until = Clock.launch, Clock.wait_until
+    finish = DDPBucketed.finish_gradient_synchronization
+
+    def counted_launch(clock, seconds, host_seconds, flops=0.0):
+        for key in set(where):
+            out[key]["kernels"] += seconds
+            out[key]["host"] += max(clock.host + host_seconds - clock.compute, 0.0)
+            out[key]["launches"] += 1
+        launch(clock, seconds, host_seconds, flops)
+
+    def counted_wait(clock, t):
+        for key in set(where):
+            out[key]["comm"] += max(t - clock.compute, 0.0)
+        wait_until(clock, t)
+
+    def counted_finish(ddp):
+        clock = emulate.clock.current()
+        clock.resolve()
+        start, _ = clock.compute, where.append("copy back")
+        try:
+            finish(ddp)
+        finally:
+            where.remove("copy back")
+        clock.resolve()
+        out["copy back"]["length"] = clock.compute - start
+
+    Clock.launch, Clock.wait_until = counted_launch, counted_wait
+    DDPBucketed.finish_gradient_synchronization = counted_finish
+    try:
+        step = profiling.data_parallel_step(Timer(), sync="bucketed", **kwargs)
+        with emulate.emulated(preset) as clock:
+            for i in range(steps):
+                out.update({"copy back": fresh(), "step": fresh()})
+                start = clock.synchronize()
+                step(i)
+                out["step"]["length"] = clock.synchronize() - start
+    finally:
+        Clock.launch, Clock.wait_until = launch, wait_until
+        DDPBucketed.finish_gradient_synchronization = finish
+    return out

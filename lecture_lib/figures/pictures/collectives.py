@@ -104,7 +104,7 @@ def draw_buffers(ax, buffers: Buffers, title: str, origin=(0.0, 0.0)) -> list[st
             if text:
                 ax.text(x0 + j + 0.5, y0 + i + 0.5, text, ha="center", va="center", fontsize=8,
                         color="white", gid="block")
-    ax.text(x0 - 0.15, y0 + p + 0.1, "block", ha="right", va="top", fontsize=8)
+    ax.text(x0 - 0.15, y0 + p + 0.1, "chunk", ha="right", va="top", fontsize=8)
     for j in range(len(buffers[0])):
         ax.text(x0 + j + 0.5, y0 + p + 0.1, str(j), ha="center", va="top", fontsize=8)
     ax.text(x0 + len(buffers[0]) / 2, y0 - 0.15, title, ha="center", va="bottom", fontsize=9)
@@ -138,8 +138,8 @@ def draw(kinds=KINDS, p: int = 4, root: int = 0):
     ax.set_ylim(rows * PANEL_H * p / 4, 0)
     ax.set_aspect("equal")
     ax.axis("off")
-    fig.suptitle(f"what each collective does to {p} ranks' buffers ('i:j' = rank i's block j, "
-                 "'Σj' = block j summed over all ranks, blank = not held)", fontsize=9)
+    fig.suptitle(f"what each collective does to {p} ranks' buffers ('i:j' = rank i's chunk j, "
+                 "'Σj' = chunk j summed over all ranks, blank = not held)", fontsize=9)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.94, bottom=0.01)
     return fig, data
 

@@ -105,10 +105,10 @@ def draw(p: int = 4, batch: int = 8, layers: int = 6, layers_per_bucket: int = 2
     data["drawn"] = plot_timeline(right, data["steps"], unit="s", labels=True,
                                   legend_outside=True)
     right.tick_params(axis="y", which="major", labelleft=False)    # the ranks: named on the left
-    wait = next(b for b in data["drawn"] if b["kind"] == "optimizer")
-    if data["exposed"] > 0:
-        right.text(data["backward_end"] + data["exposed"] / 2, wait["y"], "wait", ha="center",
-                   va="center", fontsize=8, color="0.3")
+    if data["exposed"] > 0:                                       # every rank waits alike
+        for wait in (b for b in data["drawn"] if b["kind"] == "optimizer"):
+            right.text(data["backward_end"] + data["exposed"] / 2, wait["y"], "wait",
+                       ha="center", va="center", fontsize=8, color="0.3")
     right.set_xlabel("time (in units of one layer's backward)")
     right.set_title(f"backward from L{layers} to L1: each bucket of {layers_per_bucket} layers "
                     "is all-reduced\nas soon as it is full, while backward goes on", fontsize=9)
