@@ -165,3 +165,7 @@ def test_compare_of_measured_runs_alone_has_no_ratio_and_short_labels(out_files,
     assert compare_mod.short_label("predicted", "emulated H100 + NVLink (dry run)",
                                    "4 x H100 SXM, 8 per node") == "H100 SXM (emulated)"
     assert compare_mod.stamp_kind(real) == "measured (real time)"
+    drawn = compare_mod.compare([out_files["ddp"]], tmp_path / "titled.png")
+    assert drawn["title"].startswith("Measured step time, per strategy")
+    assert compare_mod.compare([out_files["ddp"]], tmp_path / "t.png", title="the message")[
+        "title"] == "the message"

@@ -43,9 +43,10 @@ def kind(record: dict) -> str:
     return "measured" if record["time_kind"] == "real" else "predicted"
 
 
-def compare(paths, png: str | None = None) -> dict:
+def compare(paths, png: str | None = None, title: str | None = None) -> dict:
     """Draw the records of ``paths`` side by side; ``{"groups", "sources", "ratios", "png",
-    "method"}``: ``ratios`` is measured over predicted step time per group that has both."""
+    "method", "title"}``: ``ratios`` is measured over predicted step time per group that has both.
+    ``title`` replaces the default title (the figure's message, when the caller knows it)."""
     import matplotlib  # noqa: PLC0415  (only the plot needs it)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -73,11 +74,12 @@ def compare(paths, png: str | None = None) -> dict:
     ax.set_xticks(range(len(groups)), [f"{s}\n{w} ranks" for s, w in groups])
     ax.set_ylabel("step time (ms)")
     both = {kind(r) for r in records} == {"measured", "predicted"}
-    ax.set_title(("Measured against predicted step time" if both else
-                  f"{kind(records[0]).capitalize()} step time") +
-                 ", per strategy" + (" (error bars: min-max of the timed steps)" if any(
-                     r["step_time_spread"][0] < r["step_time_spread"][1] for r in records)
-                     else ""), fontsize=10)
+    default = (("Measured against predicted step time" if both else
+                f"{kind(records[0]).capitalize()} step time") +
+               ", per strategy" + (" (error bars: min-max of the timed steps)" if any(
+                   r["step_time_spread"][0] < r["step_time_spread"][1] for r in records)
+                   else ""))
+    ax.set_title(title or default, fontsize=10)
     ax.margins(y=0.12)                                                  # room for the values
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     method = timing_method(records)
@@ -88,7 +90,7 @@ def compare(paths, png: str | None = None) -> dict:
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return {"groups": groups, "sources": sources, "ratios": _ratios(records, groups),
-            "png": out, "method": method}
+            "png": out, "method": method, "title": title or default}
 
 
 def timing_method(records: list[dict]) -> list[str]:
@@ -138,8 +140,9 @@ def main(argv=None) -> dict:
                                 description="Measured against predicted step time.")
     p.add_argument("files", nargs="+", help="JSON written by examples/train_gpt2.py --out")
     p.add_argument("--png", default="compare.png", help="where to draw it")
+    p.add_argument("--title", default=None, help="the figure's title (default: what it shows)")
     args = p.parse_args(argv)
-    result = compare(args.files, args.png)
+    result = compare(args.files, args.png, args.title)
     for line in result["method"]:
         print(line)
     for (strategy, world), ratio in result["ratios"].items():

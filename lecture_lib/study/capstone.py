@@ -5,9 +5,9 @@ Q2: storing the tokens. Q3: the compute of the course's GPT-2 small (MFU's ``N``
 embedding tables, the untied output layer counted; L 12 layers, h 768, s 1024) on D = 10
 billion tokens (``metrics.model_flops_per_token``: ``6 N`` plus the attention term
 ``12 L s h``), and how long it takes at 40 % MFU on one A100 and on one node of 8 H100 (peaks
-from ``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if) has no typed answer:
-it names :func:`emulated_step`, the notebook's one-process step in emulated time (``emulate``'s
-``h100-node``, eager), for the reader to run at the notebook's batch and 8 times it.
+from ``costmodel``: 312 and 989 TFLOP/s dense bf16). Q5 (what if): :func:`emulated_step`, the
+notebook's one-process step in emulated time (``emulate``'s ``h100-node``, eager), at the
+notebook's batch and 8 times it.
 """
 from __future__ import annotations
 
@@ -62,4 +62,10 @@ def emulated_step(batch: int) -> float:
     return launches.emulated_step(cfg, x, y, "h100-node", lr=LR)["step"]
 
 
-ANSWERS = {"Q2": q2, "Q3": q3}
+def q5() -> list[str]:
+    """The emulated step with 8 and 64 sequences, and how much longer the second is."""
+    small, large = emulated_step(BATCH), emulated_step(8 * BATCH)
+    return [fmt(small * 1e3, "ms"), fmt(large * 1e3, "ms"), f"{large / small - 1:.0%}"]
+
+
+ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}

@@ -8,11 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import torch
+import torch.distributed as dist
+
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
 from ..dims import ParallelDims, Recipe
-from ..mesh import grid_coordinates, grid_groups
+from ..hybrid import parallelize
+from ..mesh import RankGrid, grid_coordinates, grid_groups
 from ..metrics import model_flops_per_token, training_days
+from ..models import GPT, MarkovText, shard
 from . import fmt
 
 LLAMA_TOKENS, LLAMA_GPUS, LLAMA_MFU = 15e12, 2048, 0.40
@@ -96,3 +101,26 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5}
+
+
+def gradient_norms(cfg, dims, recipe, batch):
+    """Inside a rank: one step's gradients; this rank's own norm, and the global norm
+    assembled over the tp and pp groups (replicated parameters counted once, or on every tp
+    rank)."""
+    grid = RankGrid.from_dims(dims)
+    model = parallelize(GPT(cfg, 0), dims, recipe, grid, "sgd", 0.1)
+    x, y = shard(MarkovText(cfg.vocab_size, cfg.seq_len).batch(0, batch), grid.coord("dp"), dims.dp)
+    model.forward_backward(x, y)
+    squares = {"split": 0.0, "replicated": 0.0}
+    for p in model.module.parameters():
+        if p.grad is not None:
+            kind = "split" if getattr(p, "tp_dim", None) is not None else "replicated"
+            squares[kind] += float(p.grad.double().pow(2).sum())
+    first_tp = grid.coord("tp") == 0
+    once = torch.tensor(squares["split"] + squares["replicated"] * first_tp, dtype=torch.float64)
+    every = torch.tensor(squares["split"] + squares["replicated"], dtype=torch.float64)
+    for total in (once, every):
+        for axis in ("tp", "pp"):
+            dist.all_reduce(total, group=grid.group(axis))
+    return {"coords": grid.coords, "own": sum(squares.values()) ** 0.5,
+            "global": once.item() ** 0.5, "every": every.item() ** 0.5}
