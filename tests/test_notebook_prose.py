@@ -97,7 +97,7 @@ ALLOWED = [
      "modelled, asserted after the planner's ranking (top[-1] / top[0] - 1 < 0.001)"),
     ("08_hybrid_parallelism.ipynb", "changes the step by under 0.1%",
      "modelled, asserted after the planner's ranking (top[-1] / top[0] - 1 < 0.001)"),
-    ("08_hybrid_parallelism.ipynb", "NVLink 3's 600 GB/s bidirectional is 300 GB/s each way",
+    ("08_hybrid_parallelism.ipynb", "NVLink 3 carries 300 GB/s each way",
      "datasheet: NVIDIA A100, 600 GB/s NVLink per GPU, bidirectional (costmodel.comm.NVLINK_A100)"),
     ("08_hybrid_parallelism.ipynb", "the model takes 200 GB/s",
      "constant: costmodel.comm.NVLINK_A100.beta, printed in the next cell"),
