@@ -189,11 +189,19 @@ def test_keyboard_interrupt_ends_all_ranks():
     lecture_lib.run(lambda: 0, 2, timeout=60)
     pids = launch.worker_pids(2)
     main = threading.main_thread().ident
+    # Ctrl-C as a terminal delivers it: Python's own handler, the signal not blocked (a test
+    # run earlier in the same pytest worker may have left another handler or a mask behind)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        lecture_lib.run(lambda: time.sleep(60), 2, timeout=120)
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lecture_lib.run(lambda: time.sleep(60), 2, timeout=120)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert _wait_dead(pids) == [] and launch.worker_pids(2) == []
     assert lecture_lib.run(lambda: 2, 2, timeout=60) == [2, 2]
 
