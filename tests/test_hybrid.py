@@ -122,6 +122,35 @@ def test_zero1_sends_what_data_parallelism_sends():
     assert sent["zero1"] == pytest.approx(sent["ddp"], rel=1e-3)
 
 
+def _tp_shapes():
+    from lecture_lib.mesh import RankGrid  # noqa: PLC0415  (imported on the rank)
+    dims = ParallelDims(tp=2)
+    rank = lecture_lib.hybrid.parallelize(GPT(CFG, 0), dims, Recipe(), RankGrid.from_dims(dims))
+    return {name: tuple(p.shape) for name, p in rank.module.named_parameters()}
+
+
+def test_tensor_parallel_splits_the_vocabulary():
+    """Notebook 04's Megatron split, whole: the token embedding's rows and the head's output
+    columns are split over tp like the blocks (the loss is vocabulary-parallel)."""
+    from lecture_lib.runtime import launch  # noqa: PLC0415
+    for shapes in launch.run(_tp_shapes, 2, timeout=120):
+        assert shapes["0.tok_emb.weight"] == (CFG.vocab_size // 2, CFG.d_model)
+        assert shapes["0.head.weight"] == (CFG.vocab_size // 2, CFG.d_model)
+        assert shapes["0.pos_emb.weight"] == (CFG.seq_len, CFG.d_model)     # replicated
+
+
+def test_tensor_parallel_splits_the_heads_compute():
+    """GPT-2 small with 2 blocks, where the head is most of the matrix work: a tp = 2 rank
+    multiplies half of every matrix for the whole batch, a dp = 2 rank all of it for half
+    the batch, the same FLOPs; the tp rank also updates half the parameters, so it computes
+    less. With the head kept whole on every tp rank (its work doubled) it computed more
+    (6.0 against 5.3 ms when this test was written)."""
+    cfg = real_size("GPT-2 small", n_layers=2)
+    layouts = {"dp": (ParallelDims(dp=2), Recipe()), "tp": (ParallelDims(tp=2), Recipe())}
+    dp, tp = time_at_scale(layouts, cfg, 4)
+    assert tp["compute"] < dp["compute"]
+
+
 def test_hybrid_uses_the_models_optimizers():
     import lecture_lib.hybrid as hybrid  # noqa: PLC0415  (the module, to look for a removed name)
     assert not hasattr(hybrid, "OPTIMIZERS")

@@ -38,7 +38,7 @@ import torch.nn as nn
 from ..dims import ParallelDims, Recipe
 from ..hybrid import check_hybrid, parallelize
 from ..mesh import RankGrid
-from ..models import GPT, GPTConfig, lm_loss
+from ..models import GPT, GPTConfig
 from ..runtime import device
 from ..zero import FullyShardedModel, ShardedOptimizer
 from ..zero.experiments import held_bytes
@@ -123,7 +123,7 @@ class Plan:
         if self.rank.runs_pipeline:
             if self.grid.size("pp") > 1:
                 return None
-            return lm_loss(self.module[0](x.to(device())), y.to(device()))
+            return self.rank.loss_fn(self.module[0](x.to(device())), y.to(device()))
         return self.module(x.to(device()), y.to(device()))
 
     def holds_loss(self) -> bool:

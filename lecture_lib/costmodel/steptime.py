@@ -14,7 +14,10 @@ Megatron-LM", sections 3.1-3.3):
   (:func:`lecture_lib.costmodel.pipeline_bubble`);
 * **tensor parallel**: 4 all-reduces of a micro-batch's activations
   ``b s h`` (2 bytes each) per layer and micro-batch (2 forward, 2 backward;
-  6 with full recomputation), on the critical path;
+  6 with full recomputation), on the critical path; and per micro-batch the
+  vocabulary-parallel ends (Shoeybi et al. 2019, section 3): the token embedding's
+  all-reduce on the first stage, the head's (in backward) and the loss's three of
+  one fp32 value per token on the last (:func:`vocabulary_all_reduces`);
 * **pipeline sends**: one activation forward and one gradient back per
   micro-batch and stage boundary;
 * **data parallel**: one all-reduce of this device's gradients (2 bytes per
@@ -240,6 +243,18 @@ def exposed_after_backward(total: float, microbatch_compute: float) -> float:
     return max(0.0, total - microbatch_compute * 2 / 3)
 
 
+def vocabulary_all_reduces(act_bytes: float, tokens: int, tp: int, pp: int,
+                           link: Link) -> float:
+    """Seconds per micro-batch of the all-reduces at the two ends of a vocabulary-parallel
+    model, on the stage that has the most (the last; with ``pp = 1`` the only one):
+    the token embedding's (first stage, forward), the head's input gradient (last stage,
+    backward), and the loss's maximum, target logit and sum of exponentials (last stage,
+    one fp32 value per token each)."""
+    ends = 2 if pp == 1 else 1
+    return (ends * collective_time("all_reduce", act_bytes, tp, link)
+            + 3 * collective_time("all_reduce", 4 * tokens, tp, link))
+
+
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
               global_batch: int, value_bytes: int = 2, optimizer: str = "adamw") -> StepTime:
     """Modelled seconds per training step, split into its parts.
@@ -272,8 +287,10 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     tp_comm = 0.0
     if tp_link:
         per_layer = 6 if par.recompute == "full" else 4
-        tp_comm = (m * layers_here * per_layer
-                   * collective_time("all_reduce", act_bytes, tp, tp_link))
+        tp_comm = m * (layers_here * per_layer
+                       * collective_time("all_reduce", act_bytes, tp, tp_link)
+                       + vocabulary_all_reduces(act_bytes, microbatch_size * shape.seq_len,
+                                                tp, pp, tp_link))
     pp_link = group_link(par, "pp", cluster)
     pp_comm = 2 * m * (pp_link.alpha + act_bytes / tp / pp_link.beta) if pp_link else 0.0
 

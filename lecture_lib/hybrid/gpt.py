@@ -3,7 +3,8 @@
 Megatron-LM trains GPT-3 175B on 1024 GPUs by giving each scheme an axis of one rank grid
 (:class:`lecture_lib.mesh.RankGrid`); each scheme talks only to the ranks along its axis::
 
-    dp=2 x pp=2 x tp=2 (tp fastest)      tp: a block's heads and MLP columns split;
+    dp=2 x pp=2 x tp=2 (tp fastest)      tp: a block's heads and MLP columns split,
+                                             the vocabulary too (embedding, head, loss);
                                              two all-reduces per block, inside a node
          stage 0      stage 1            pp: contiguous blocks per stage; activations
     dp0 [r0 r1] ---> [r2 r3]                 forward, gradients back, per micro-batch
@@ -22,6 +23,8 @@ the capstone, the calibration and the profiling share.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -38,10 +41,17 @@ from ..context_parallel import (
 from ..data_parallel import DDPFlat
 from ..dims import ParallelDims, Recipe
 from ..mesh import RankGrid
-from ..models import GPT, GPTConfig, make_optimizer
+from ..models import GPT, GPTConfig, lm_loss, make_optimizer
 from ..pipeline import PipelineExecutor, check_pipeline, exchange, make_schedule, split_gpt
 from ..runtime import launch
-from ..tensor_parallel import ParallelBlock, check_tensor_parallel, gather_full
+from ..tensor_parallel import (
+    ColumnParallelLinear,
+    ParallelBlock,
+    VocabParallelEmbedding,
+    check_tensor_parallel,
+    gather_full,
+    vocab_parallel_lm_loss,
+)
 from ..zero import (
     FullyShardedModel,
     ShardedGradientOptimizer,
@@ -55,19 +65,19 @@ def parallelize(model: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid,
                 optimizer: str = "adamw", lr: float = 1e-2) -> RankModel:
     """This rank's share of ``model`` under ``dims`` and ``recipe``, in a fixed order:
 
-    1. tensor-parallel blocks (tp group); 2. context-parallel attention and positions
+    1. tensor parallelism (tp group): notebook 04's Megatron split, blocks, embedding,
+    head and loss; 2. context-parallel attention and positions
     (cp group); 3. this rank's pipeline stage (pp group); 4. the data-parallel gradient
     sync and the optimizer of the ZeRO stage (dp group). ZeRO-2 and -3 shard the whole
     model over dp, so they take ``tp = pp = cp = 1`` (:func:`check_hybrid`).
     """
-    if dims.tp > 1:
-        apply_tensor_parallel(model, grid)
+    loss_fn = apply_tensor_parallel(model, grid) if dims.tp > 1 else lm_loss
     if dims.cp > 1:
         apply_context_parallel(model, dims, recipe, grid)
     if recipe.zero_stage >= 2:
         return apply_sharded_data_parallel(model, dims, recipe, grid, optimizer, lr)
     stage = nn.ModuleList([split_gpt(model, dims.pp)[grid.coord("pp")]])
-    return apply_data_parallel(stage, model.cfg, dims, recipe, grid, optimizer, lr)
+    return apply_data_parallel(stage, model.cfg, dims, recipe, grid, optimizer, lr, loss_fn)
 
 
 class RankModel:
@@ -81,9 +91,10 @@ class RankModel:
 
     def __init__(self, dims: ParallelDims, recipe: Recipe, grid: RankGrid, module: nn.Module,
                  optimizer: torch.optim.Optimizer, ddp: DDPFlat | None = None,
-                 activation_shape: tuple = ()):
+                 activation_shape: tuple = (), loss_fn=lm_loss):
         self.dims, self.recipe, self.grid = dims, recipe, grid
         self.module, self.optimizer, self.ddp = module, optimizer, ddp
+        self.loss_fn = loss_fn                      # (logits, targets) -> mean loss
         self.activation_shape = activation_shape    # (s / cp, d): one sequence's activations
         self.executor: PipelineExecutor | None = None
 
@@ -138,7 +149,7 @@ class RankModel:
             self.executor = PipelineExecutor(
                 list(self.module), schedule, (b, *self.activation_shape),
                 ranks=self.grid.ranks("pp"), group=self.grid.group("pp"),
-                exchange=exchange_as_comm)
+                exchange=exchange_as_comm, loss_fn=self.loss_fn)
         return self.executor
 
     def _sharded_forward_backward(self, x, y) -> torch.Tensor:
@@ -158,9 +169,15 @@ class RankModel:
 # The four steps of parallelize
 # ----------------------------------------------------------------------------
 
-def apply_tensor_parallel(gpt: GPT, grid: RankGrid) -> None:
-    """Each block's attention and MLP split Megatron-style over the tp group."""
-    gpt.blocks = nn.ModuleList(ParallelBlock(b, grid.group("tp")) for b in gpt.blocks)
+def apply_tensor_parallel(gpt: GPT, grid: RankGrid):
+    """Notebook 04's Megatron split over the tp group: the token embedding by vocabulary
+    rows, each block's attention by heads and MLP by columns, the head by vocabulary
+    columns (logits stay split). Returns the loss that takes split logits."""
+    group = grid.group("tp")
+    gpt.tok_emb = VocabParallelEmbedding(gpt.tok_emb, group)
+    gpt.blocks = nn.ModuleList(ParallelBlock(b, group) for b in gpt.blocks)
+    gpt.head = ColumnParallelLinear.from_linear(gpt.head, group)
+    return functools.partial(vocab_parallel_lm_loss, group=group)
 
 
 def apply_context_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid) -> None:
@@ -173,7 +190,8 @@ def apply_context_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: R
 
 
 def apply_data_parallel(stage: nn.ModuleList, cfg: GPTConfig, dims: ParallelDims,
-                        recipe: Recipe, grid: RankGrid, optimizer: str, lr: float) -> RankModel:
+                        recipe: Recipe, grid: RankGrid, optimizer: str, lr: float,
+                        loss_fn=lm_loss) -> RankModel:
     """A pipeline stage over dp. ZeRO 0: its gradients all-reduced once per step
     (:class:`DDPFlat`), then the one-process optimizer. ZeRO-1: no all-reduce; the optimizer
     reduce-scatters the local gradients, steps this rank's shards and all-gathers them
@@ -184,8 +202,9 @@ def apply_data_parallel(stage: nn.ModuleList, cfg: GPTConfig, dims: ParallelDims
     if recipe.zero_stage == 1:
         opt = ShardedOptimizer(stage.parameters(), type(opt), group=group, gradients="local",
                                **_settings(opt))
-        return RankModel(dims, recipe, grid, stage, opt, None, activations)
-    return RankModel(dims, recipe, grid, stage, opt, DDPFlat(stage, group=group), activations)
+        return RankModel(dims, recipe, grid, stage, opt, None, activations, loss_fn)
+    return RankModel(dims, recipe, grid, stage, opt, DDPFlat(stage, group=group), activations,
+                     loss_fn)
 
 
 def apply_sharded_data_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid,

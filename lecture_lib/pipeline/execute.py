@@ -57,11 +57,13 @@ def exchange(sends: list, recvs: list, group=None) -> list:
 class PipelineExecutor:
     """Runs ``schedule`` on this rank's ``chunks``; ``ranks`` (or ``group``) lists the
     global ranks of the stages in order (default: every rank). ``exchange`` moves the
-    messages (exercise 07 writes it)."""
+    messages (exercise 07 writes it); ``loss_fn(logits, targets)`` turns the last stage's
+    output into the mean loss (tensor parallelism's vocabulary-parallel loss takes logits
+    split over the vocabulary)."""
 
     def __init__(self, chunks: list[nn.Module], schedule: Schedule, activation_shape: tuple,
                  *, ranks: list[int] | None = None, group=None, exchange=exchange,
-                 dtype=torch.float32):
+                 dtype=torch.float32, loss_fn=lm_loss):
         if group is not None and ranks is None:
             ranks = dist.get_process_group_ranks(group)
         self.ranks = list(range(dist.get_world_size())) if ranks is None else list(ranks)
@@ -73,7 +75,7 @@ class PipelineExecutor:
         self.stage = self.ranks.index(self.rank)
         self.chunks, self.schedule, self.group = list(chunks), schedule, group
         self.shape, self.dtype = tuple(activation_shape), dtype
-        self.exchange = exchange
+        self.exchange, self.loss_fn = exchange, loss_fn
         self.device = launch.device()
         self.last = schedule.num_virtual_stages - 1
         # a split backward (ZB-H1) runs B as the input gradient only, and W after it
@@ -112,7 +114,7 @@ class PipelineExecutor:
         else:
             y = chunk(x)
         if s == self.last:
-            y = lm_loss(y, work.ys[a.microbatch]) / self.schedule.microbatches
+            y = self.loss_fn(y, work.ys[a.microbatch]) / self.schedule.microbatches
             work.loss = y.detach() if work.loss is None else work.loss + y.detach()
         work.outputs[key] = y
         return [] if s == self.last else self.send(y.detach(), s + 1, ("F", a.microbatch, s),

@@ -47,7 +47,7 @@ from .layers import (
     VocabParallelEmbedding,
     seeded_linear,
 )
-from .loss import VocabParallelCrossEntropy, vocab_parallel_cross_entropy
+from .loss import VocabParallelCrossEntropy, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 from .model import ParallelBlock, TensorParallelGPT, check_tensor_parallel, gather_full
 from .sequence_parallel import (
     SequenceParallelBlock,
@@ -72,4 +72,5 @@ __all__ = [
     "copy_to_tensor_parallel", "gather_from_tensor_parallel", "gather_full",
     "reduce_from_tensor_parallel", "reduce_scatter_to_sequence_parallel", "seeded_linear",
     "split_to_tensor_parallel", "sync_sequence_parallel_grads", "vocab_parallel_cross_entropy",
+    "vocab_parallel_lm_loss",
 ]

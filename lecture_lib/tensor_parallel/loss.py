@@ -56,3 +56,9 @@ def vocab_parallel_cross_entropy(logits_local, targets, group=None):
         raise ValueError(f"logits {tuple(logits_local.shape)} and targets {tuple(targets.shape)} "
                          "must agree on every dimension but the last")
     return VocabParallelCrossEntropy.apply(logits_local, targets, group)
+
+
+def vocab_parallel_lm_loss(logits_local, targets, group=None):
+    """:func:`lecture_lib.models.lm_loss` on logits split over the vocabulary: the mean
+    next-token cross-entropy over every position of the batch."""
+    return vocab_parallel_cross_entropy(logits_local, targets, group).mean()

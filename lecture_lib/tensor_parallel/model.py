@@ -23,7 +23,7 @@ from .. import comm, models
 from ..runtime import device as rank_device
 from .comm import all_gather
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, VocabParallelEmbedding
-from .loss import vocab_parallel_cross_entropy
+from .loss import vocab_parallel_lm_loss
 
 
 class ParallelBlock(nn.Module):
@@ -69,7 +69,7 @@ class TensorParallelGPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return vocab_parallel_cross_entropy(logits, targets, self.group).mean()
+        return vocab_parallel_lm_loss(logits, targets, self.group)
 
     def positions(self, idx):
         """The positions of the tokens this rank embeds."""
