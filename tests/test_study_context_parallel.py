@@ -1,5 +1,5 @@
 """lecture_lib.study.context_parallel: where grouped-query attention's K/V heads go under tensor
-parallelism (notebook 05, section 5 and Q5), and the hop-hiding threshold's bytes per value (Q4)."""
+parallelism (notebook 05, section 5), and the hop-hiding threshold's bytes per value (Q4)."""
 import pytest
 
 from lecture_lib.costmodel import NVLINK_H100
@@ -28,11 +28,6 @@ def test_without_gqa_every_rank_holds_its_own_heads():
 def test_a_placement_that_does_not_exist_is_refused(heads, kv_heads, tp, why):
     with pytest.raises(ValueError, match=why):
         study.kv_heads_per_rank(heads, kv_heads, tp)
-
-
-def test_q5_uses_one_kv_head_per_rank_at_tp8():
-    gqa_mb, ratio = study.grouped_query_ring()
-    assert ratio == "8x"                   # a / a_kv while tp divides a_kv
 
 
 def test_q4_threshold_is_bf16():

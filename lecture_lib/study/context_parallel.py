@@ -2,9 +2,8 @@
 
 The model is :data:`lecture_lib.costmodel.memory.PRESETS` ``"Llama-style 70B"`` (80 layers,
 h = 8192, 64 heads) at s = 131072 tokens, one sequence, bf16, tp = 8 with sequence
-parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Q5 asks what
-Llama 3 70B's grouped-query attention (8 K/V heads of 128, Dubey et al. 2024, Table 3)
-changes. Q4 ends on the notebook's section 7, a Llama 3 8B layer in the dry run. Bytes from
+parallelism and no stored scores (a flash-style kernel): the notebook's section 1. Q4 ends
+on the notebook's section 7, a Llama 3 8B layer in the dry run. Bytes from
 :func:`lecture_lib.costmodel.context_parallel.ring_bytes_per_layer` and
 ``ulysses_bytes_per_layer``; the load imbalance from
 :func:`lecture_lib.context_parallel.ring_schedule`.
@@ -22,7 +21,6 @@ from . import fmt
 
 LLAMA = PRESETS["Llama-style 70B"]
 SEQ, CP, TP = 131072, 8, 8
-KV_HEADS, HEAD = 8, 128            # Llama 3 70B's K/V heads and head size (64 x 128 = 8192)
 
 
 def activations_at_cp8() -> list[str]:
@@ -74,16 +72,6 @@ def kv_heads_per_rank(heads: int, kv_heads: int, tp: int) -> tuple[int, int]:
     return 1, tp // kv_heads
 
 
-def grouped_query_ring() -> list[str]:
-    """Q5: ring's bytes per layer forward at tp = 8, cp = 8 with 8 K/V heads instead of 64:
-    each tensor-parallel rank holds one K/V head (8 / tp), so its K/V are 128 wide, not h/tp."""
-    mha = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP)["forward"]
-    per_rank, _ = kv_heads_per_rank(LLAMA.heads, KV_HEADS, TP)
-    gqa = cpm.ring_bytes_per_layer(1, SEQ, LLAMA.hidden // TP, CP, kv_width=per_rank * HEAD)[
-        "forward"]
-    return [fmt(gqa / 1e6, "MB"), f"{mha / gqa:g}x"]
-
-
 def causal_imbalance() -> list[str]:
     """Q3: slowest over fastest rank's attended chunk pairs at cp = 8, both layouts."""
     out = []
@@ -113,4 +101,4 @@ def hop_hiding_length() -> list[str]:
 
 
 ANSWERS = {"Q1": activations_at_cp8, "Q2": bytes_per_layer, "Q3": causal_imbalance,
-           "Q4": hop_hiding_length, "Q5": grouped_query_ring}
+           "Q4": hop_hiding_length}
