@@ -275,9 +275,30 @@ def test_an_emulated_profile_reads_like_a_gpu_trace():
             assert first.steps == again.steps and first.comm_share == again.comm_share
             assert 0 < first.comm_share <= 1 and 0 < first.busy_share < 1
             assert "comm: all_reduce" in first.table
+            compute = sum(e.end - e.start for e in first.events if e.kind == "compute")
+            assert first.busy_share == pytest.approx(compute / sum(b - a for a, b in first.steps))
+            assert 0 <= first.launch_share < 1 - first.busy_share      # waits are not busy
             assert set(first.timer_totals) == {"forward", "backward", "optimizer",
                                                "comm" if sync == "flat" else "wait"}
         assert profiling.overlap_share(by_sync["flat"][0]) == 0
         assert profiling.overlap_share(by_sync["bucketed"][0]) > 0
     diagnosis = profiling.diagnose_run([by_sync["flat"][0] for by_sync in runs])
     assert "all-reduce" in str(diagnosis)
+
+
+def test_a_stream_waiting_for_launches_is_not_busy():
+    """Kernels shorter than their launches: the clock's compute span holds the waits (the step's
+    length), ``launch_waits`` lists them, and the emulated trace cuts them out of the busy time,
+    as a GPU trace shows gaps between kernels."""
+    from lecture_lib.emulate.clock import Clock  # noqa: PLC0415
+    from lecture_lib.profiling.emulated import kernels_only  # noqa: PLC0415
+    clock = Clock()
+    clock.launch(1.0, 5.0)             # launched at 5, runs 5..6
+    clock.launch(1.0, 3.0)             # launched at 8, runs 8..9
+    clock.launch(4.0, 1.0)             # launched at 9, runs 9..13: no wait
+    assert clock.launches == 3 and clock.launch_waits == [(0.0, 5.0), (6.0, 8.0)]
+    assert clock.spans == [("compute", 0.0, 13.0, "")] and clock.compute == 13.0
+    assert kernels_only(0.0, 13.0, clock.launch_waits) == [(5.0, 6.0), (8.0, 13.0)]
+    assert kernels_only(7.0, 12.0, clock.launch_waits) == [(8.0, 12.0)]
+    assert kernels_only(0.0, 4.0, clock.launch_waits) == []
+    assert kernels_only(0.0, 3.0, []) == [(0.0, 3.0)]

@@ -18,7 +18,10 @@ for both streams (``torch.cuda.synchronize``). ``spans`` is the timeline,
 ``[(kind, start, end, text), ...]``, with adjacent compute of one kind merged;
 ``host`` is when the host (Python, eager PyTorch) has launched everything so
 far: a kernel cannot start before it is launched (:meth:`launch`), so a rank
-whose kernels are shorter than their launches is launch-bound.
+whose kernels are shorter than their launches is launch-bound. The spans count
+such a wait in the kernel's kind; ``launch_waits`` lists each wait, ``(start,
+end)``, and ``launches`` counts the kernels, so a trace can show the waits as
+the gaps a GPU trace has between kernels.
 ``issued`` lists each collective as ``(kind, compute time at issue, bytes)``: when
 its data was ready (its span starts later when the stream was still busy).
 
@@ -54,6 +57,8 @@ class Clock:
     calls_by_kind: dict = field(default_factory=dict)
     issued: list = field(default_factory=list)          # (kind, compute time, bytes) per call
     kind: str = "compute"               # the kind new compute is charged as
+    launches: int = 0                   # kernels launched so far
+    launch_waits: list = field(default_factory=list)    # (start, end): stream waits for the host
     _pending: list = field(default_factory=list, repr=False)   # resolvers of async clocks
 
     # -- reading -------------------------------------------------------------
@@ -118,7 +123,10 @@ class Clock:
         on the compute stream, starting when both the stream and the launch are done (a
         stream that waited for the host counts the wait in the current kind)."""
         self.host += host_seconds
+        self.launches += 1
         waited = self.host - self.compute
+        if waited > 0:
+            self.launch_waits.append((self.compute, self.host))
         self.charge(seconds + waited if waited > 0 else seconds, flops)
 
     def comm_span(self, text: str, start: float, end: float, nbytes: float,

@@ -29,6 +29,7 @@ class RankProfile:
     trace_path: str | None = None
     timer_totals: dict = field(default_factory=dict)   # metrics.Timer over the same steps
     timer_spans: list = field(default_factory=list)    # its (phase, start, end) spans
+    launch_share: float | None = None         # emulated: the compute stream waiting for launches
 
     @property
     def comm_kinds(self) -> set[str]:

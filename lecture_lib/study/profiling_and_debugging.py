@@ -16,7 +16,6 @@ import lecture_lib
 from .. import emulate, observe, profiling
 from ..costmodel import pipeline_bubble
 from ..data_parallel.ddp import DDPBucketed
-from ..emulate.clock import Clock
 from ..metrics import Timer, now
 from ..models import GPT, GPTConfig, MarkovText
 from ..profiling import diagnose
@@ -156,52 +155,44 @@ def copy_back(world: int, preset, steps: int = 4, **kwargs) -> dict:
     ``"wait"``), where for each bucket it waits for the all-reduce, then copies the averaged slice
     back into each parameter's ``.grad``; ``out["step"]``: the whole step. Each holds seconds:
     ``kernels`` (on the device), ``host`` (the stream waiting for the host to launch the next
-    kernel: the emulated trace counts it as computing), ``comm`` (the stream waiting for an
-    all-reduce), ``length``; and ``launches``."""
+    kernel: the clock's ``launch_waits``), ``comm`` (the stream waiting for an all-reduce:
+    its idle spans), ``length``; and ``launches`` (the clock's kernel count)."""
     return lecture_lib.run(_copy_back, world, preset, steps, kwargs, timeout=180)[0]
 
 
+def _window(clock, start: float, launches: int) -> dict:
+    """The compute stream from ``start`` to now, with ``launches`` kernels launched then."""
+    end = clock.compute
+    inside = lambda a, b: max(0.0, min(b, end) - max(a, start))      # noqa: E731
+    host = sum(inside(a, b) for a, b in clock.launch_waits)
+    comm = sum(inside(a, b) for kind, a, b, _ in clock.spans if kind == "idle")
+    busy = sum(inside(a, b) for kind, a, b, _ in clock.spans if kind not in ("idle", "comm"))
+    return {"kernels": busy - host, "host": host, "comm": comm,
+            "length": end - start, "launches": clock.launches - launches}
+
+
 def _copy_back(preset, steps, kwargs):
-    fresh = lambda: {"kernels": 0.0, "host": 0.0, "comm": 0.0, "length": 0.0, "launches": 0}  # noqa: E731
-    out, where = {"copy back": fresh(), "step": fresh()}, ["step"]
-    launch, wait_until = Clock.launch, Clock.wait_until
+    out = {}
     finish = DDPBucketed.finish_gradient_synchronization
 
-    def counted_launch(clock, seconds, host_seconds, flops=0.0):
-        for key in set(where):
-            out[key]["kernels"] += seconds
-            out[key]["host"] += max(clock.host + host_seconds - clock.compute, 0.0)
-            out[key]["launches"] += 1
-        launch(clock, seconds, host_seconds, flops)
-
-    def counted_wait(clock, t):
-        for key in set(where):
-            out[key]["comm"] += max(t - clock.compute, 0.0)
-        wait_until(clock, t)
-
-    def counted_finish(ddp):
+    def marked_finish(ddp):                   # the same call, its window on the clock kept
         clock = emulate.clock.current()
         clock.resolve()
-        start, _ = clock.compute, where.append("copy back")
-        try:
-            finish(ddp)
-        finally:
-            where.remove("copy back")
+        start, launches = clock.compute, clock.launches
+        finish(ddp)
         clock.resolve()
-        out["copy back"]["length"] = clock.compute - start
+        out["copy back"] = _window(clock, start, launches)
 
-    Clock.launch, Clock.wait_until = counted_launch, counted_wait
-    DDPBucketed.finish_gradient_synchronization = counted_finish
+    DDPBucketed.finish_gradient_synchronization = marked_finish
     try:
         step = profiling.data_parallel_step(Timer(), sync="bucketed", **kwargs)
         with emulate.emulated(preset) as clock:
             for i in range(steps):
-                out.update({"copy back": fresh(), "step": fresh()})
-                start = clock.synchronize()
+                start, launches = clock.synchronize(), clock.launches
                 step(i)
-                out["step"]["length"] = clock.synchronize() - start
+                clock.synchronize()
+                out["step"] = _window(clock, start, launches)
     finally:
-        Clock.launch, Clock.wait_until = launch, wait_until
         DDPBucketed.finish_gradient_synchronization = finish
     return out
 
@@ -219,12 +210,14 @@ def _real_trace(rows):
     model = DistributedDataParallel(GPT(cfg))
     batch = MarkovText(cfg.vocab_size, cfg.seq_len).batch(0, 4)
     model(*batch).backward()                                     # warm-up step, not recorded
-    saved = os.dup(2)                              # silence the profiler's C++ log lines
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)   # silence the profiler's C++ log
+    os.dup2(null, 2)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             model(*batch).backward()
     finally:
         os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
     return table, {e.key for e in prof.key_averages()}
