@@ -102,13 +102,6 @@ ALLOWED = [
      "modelled, asserted after the planner's ranking (top[-1] / top[0] - 1 < 0.003)"),
     ("08_hybrid_parallelism.ipynb", "changes the step by under 0.3%",
      "modelled, asserted after the planner's ranking (top[-1] / top[0] - 1 < 0.003)"),
-    ("08_hybrid_parallelism.ipynb", "They predict its step 5% to 16% too long",
-     "emulated, asserted in appendix A2's section 6 (0.04 < smallest error < 0.05, "
-     "0.16 < largest < 0.17; deterministic)"),
-    ("08_hybrid_parallelism.ipynb", "NVLink 3 carries 300 GB/s each way",
-     "datasheet: NVIDIA A100, 600 GB/s NVLink per GPU, bidirectional (costmodel.comm.NVLINK_A100)"),
-    ("08_hybrid_parallelism.ipynb", "the model takes 200 GB/s",
-     "constant: costmodel.comm.NVLINK_A100.beta, printed in the next cell"),
     ("08_hybrid_parallelism.ipynb", "the 21.9 GB per GPU that",
      "formula: 175e9 x 16 bytes / 128 GPUs (notebook 00, Q2), asserted after the memory printout"),
     ("03_memory.ipynb", "parameters (350 GB) on every",
