@@ -302,3 +302,17 @@ def test_a_stream_waiting_for_launches_is_not_busy():
     assert kernels_only(7.0, 12.0, clock.launch_waits) == [(8.0, 12.0)]
     assert kernels_only(0.0, 4.0, clock.launch_waits) == []
     assert kernels_only(0.0, 3.0, []) == [(0.0, 3.0)]
+
+
+def test_exposed_is_a_wait_for_communication_not_for_a_launch():
+    """In flight 1..5; a kernel runs 0..2; the stream waits for a launch 2..3: the device waits
+    for the collective only 3..5 (0.4 of the step), though no kernel runs 2..5."""
+    steps = [(0.0, 5.0)]
+    events = _events(("mm", "compute", 0, 2), ("all_reduce", "comm", 1, 5), device=True)
+    comm, busy = profiling.shares(events, steps)
+    profile = profiling.RankProfile(0, steps, events, comm, busy, "", launch_gaps=[(2.0, 3.0)])
+    assert (comm, busy) == (pytest.approx(0.8), pytest.approx(0.4))
+    assert profiling.overlap_share(profile) == pytest.approx(0.2)          # under the kernel
+    assert profiling.exposed_share(profile) == pytest.approx(0.4)          # not the launch gap
+    no_gaps = profiling.RankProfile(0, steps, events, comm, busy, "")
+    assert profiling.exposed_share(no_gaps) == pytest.approx(0.6)          # a GPU trace alone

@@ -35,10 +35,11 @@ from .events import (
 )
 from .experiments import SYNCS, data_parallel_step, pipeline_step
 from .profiler import TracedTimer, profile_run, profile_steps
-from .trace import RankProfile, StepShares, overlap_share, shares, timeline
+from .trace import RankProfile, StepShares, exposed_share, overlap_share, shares, timeline
 
 __all__ = ["BUSY_SHARE_LIMIT", "COMM_PATTERN", "COMM_SHARE_LIMIT", "PHASE_PREFIX", "SYNCS",
            "Diagnosis", "Event", "RankProfile", "StepShares", "TracedTimer", "classify",
            "comm_intervals", "comm_kinds", "covered", "data_parallel_step", "diagnose",
-           "diagnose_run", "merge", "overlap_share", "pipeline_step", "profile_run",
-           "profile_steps", "profile_steps_emulated", "read_trace", "shares", "timeline"]
+           "diagnose_run", "exposed_share", "merge", "overlap_share", "pipeline_step",
+           "profile_run", "profile_steps", "profile_steps_emulated", "read_trace", "shares",
+           "timeline"]

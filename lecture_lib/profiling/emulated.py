@@ -58,7 +58,8 @@ def profile_steps_emulated(step, preset="h100-node", *, wait: int = 1, warmup: i
     launch_share = sum(min(b, end) - max(a, origin) for a, b in waits) / (end - origin)
     return RankProfile(rank, steps, events, comm, busy, _table(spans, steps, waits), None,
                        dict(timer.totals) if timer is not None else {},
-                       list(timer.spans) if timer is not None else [], launch_share)
+                       list(timer.spans) if timer is not None else [], launch_share,
+                       [(max(a, origin) - origin, min(b, end) - origin) for a, b in waits])
 
 
 def kernels_only(start: float, end: float, waits: list) -> list[tuple[float, float]]:

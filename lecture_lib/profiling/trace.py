@@ -30,6 +30,7 @@ class RankProfile:
     timer_totals: dict = field(default_factory=dict)   # metrics.Timer over the same steps
     timer_spans: list = field(default_factory=list)    # its (phase, start, end) spans
     launch_share: float | None = None         # emulated: the compute stream waiting for launches
+    launch_gaps: list = field(default_factory=list)    # emulated: those waits, (start, end)
 
     @property
     def comm_kinds(self) -> set[str]:
@@ -155,3 +156,17 @@ def timeline(profile: RankProfile, gap: float = 50e-6) -> list[tuple[str, float,
     for kind, intervals in (("compute", compute), ("comm", comm_intervals(profile.events))):
         spans += [(kind, s, min(e, end)) for s, e in merge(intervals, gap) if s < end]
     return spans
+
+
+def exposed_share(profile: RankProfile) -> float:
+    """Share of the recorded steps where the device waits for communication: a collective in
+    flight while no kernel runs and none waits for its launch. A gap the host makes (an
+    emulated trace's ``launch_gaps``; on a GPU, the CPU rows show the host still launching)
+    is a wait for the host, not for the network, whatever is in flight meanwhile."""
+    on_device = any(e.device for e in profile.events)
+    occupied = merge([(e.start, e.end) for e in profile.events
+                      if e.device == on_device and e.kind == "compute"] + list(profile.launch_gaps))
+    windows = [(max(s, ws), min(e, we)) for s, e in occupied for ws, we in profile.steps
+               if min(e, we) > max(s, ws)]
+    span = sum(e - s for s, e in profile.steps)
+    return profile.comm_share - covered(comm_intervals(profile.events), windows) / span
