@@ -135,6 +135,11 @@ ALLOWED = [
     ("10_capstone.ipynb", "waits about 59 ms of its step",
      "emulated time, deterministic: asserted in the cell above "
      "(58.5e-3 < pp's step - compute < 60e-3)"),
+    ("10_capstone.ipynb", "of its step, 62% of it",
+     "emulated time, deterministic: asserted in the cell above (0.61 < pp's wait / step < 0.63)"),
+    ("10_capstone.ipynb", "is only 27% at",
+     "formula: (pp - 1) / (m + pp - 1) at pp 4, m 8; asserted in the cell above "
+     "(0.27 < bubble < 0.28)"),
     ("10_capstone.ipynb", "A tp GPU waits about 27 ms for its all-reduces",
      "emulated time, deterministic: asserted in the cell above "
      "(26.5e-3 < tp's step - compute < 27.5e-3)"),
