@@ -263,6 +263,16 @@ def test_at_real_size_zigzag_balances_and_the_ring_hides_its_hops():
         f = formula(b, s, h, 4, bytes_per_element=2, kv_width=kv)
         assert all(r["sent_bytes"] == f["forward"] + f["backward"] for r in run["ranks"])
     assert ulysses["ranks"][0]["sent_bytes"] < zigzag["ranks"][0]["sent_bytes"]
+    # Ulysses runs each head's attention as one causal kernel over the whole sequence, at a
+    # causal kernel's rate; the ring runs most of the same FLOPs as unmasked blocks, faster,
+    # and pays the merging of their partial results instead
+    attention = {name: sum(t for op, t in run["ranks"][0]["compute_by_op"].items()
+                           if "attention" in op)
+                 for name, run in (("ring", zigzag), ("ulysses", ulysses))}
+    assert attention["ulysses"] > 1.02 * attention["ring"]
+    for run in (zigzag, ulysses):
+        r = run["ranks"][0]
+        assert 0.9 * r["compute"] < sum(r["compute_by_op"].values()) <= r["compute"] * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("check, match", [

@@ -313,3 +313,34 @@ def test_the_flash_attention_constants_are_recovered_from_its_rates():
                                         truth.forward + truth.backward):
         assert d == d_true
         _close(got, want)
+
+
+def test_the_clock_splits_kernel_time_by_operation():
+    """``seconds_by_op``: each kernel's charged seconds (launch waits not included) under its
+    operation's name; an optimizer step's kernels under ``optimizer step``."""
+    a = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    x = torch.randn(64)
+    with emulate.emulated("a100-node", launch="graphs") as clock:
+        a @ a
+        for _ in range(3):
+            x = x + 1
+    d = A100.device
+    rate = d.bf16_flops * d.matmul_efficiency * 64 / 108
+    _close(clock.seconds_by_op["mm"],
+           d.kernel_seconds + d.matmul_fill_seconds + 2 * 1024 ** 3 / rate)
+    bytes_each = 2 * 64 * 2 / (d.memory_bandwidth * d.memory_efficiency)   # charged in 16 bits
+    _close(clock.seconds_by_op["add"], 3 * (d.kernel_seconds + bytes_each))
+    assert set(clock.seconds_by_op) == {"mm", "add"}
+    with emulate.emulated("h100-node") as clock:     # eager: waits for launches, not counted
+        for _ in range(100):
+            x = x + 1
+    assert clock.launch_waits
+    _close(sum(clock.seconds_by_op.values()),
+           clock.now() - sum(b - a for a, b in clock.launch_waits))
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    opt = torch.optim.AdamW([w], fused=False, foreach=True)
+    w.grad = torch.randn(8, 8)
+    with emulate.emulated("h100-node", launch="graphs") as clock:
+        opt.step()
+    assert set(clock.seconds_by_op) == {"optimizer step"}
+    _close(clock.seconds_by_op["optimizer step"], clock.now())

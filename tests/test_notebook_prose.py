@@ -78,9 +78,6 @@ ALLOWED = [
      "dry-run ratio asserted in section 7 (1.02 < uly / ring < 1.04; deterministic)"),
     ("05_context_parallel.ipynb", "about 1% of Ulysses' step",
      "dry run, asserted in section 7 (0.005 < Ulysses' waits / its step < 0.015; deterministic)"),
-    ("05_context_parallel.ipynb", "computes about 3% longer, and compute makes about 90% of the",
-     "dry run, asserted in section 7 (1.02 < Ulysses' compute / ring's < 1.035, 0.85 < compute's"
-     " share of the step difference < 0.95; deterministic)"),
     ("A2_the_emulated_cluster.ipynb", "the median error is 4.5% and the worst 11.6%",
      "deterministic: printed by the first code cell, bracketed in section 3's asserts"),
     ("A2_the_emulated_cluster.ipynb",

@@ -108,6 +108,24 @@ def test_diagnose_applies_the_rules_of_thumb():
         profiling.diagnose(1.5, 0.9)
 
 
+def test_diagnose_does_not_advise_what_the_run_already_does():
+    """A DDP run that already buckets and overlaps its all-reduces is told to give each more
+    work, not to bucket and overlap; the facts it was given are in its findings."""
+    plain = profiling.diagnose(0.68, 0.32, comm_kinds={"all_reduce"})
+    assert "bucket" in str(plain) and "overlap" in str(plain)
+    done = profiling.diagnose(0.68, 0.32, comm_kinds={"all_reduce"}, overlapped=True)
+    assert done.comm_bound and done.underused
+    assert "bucket gradients" not in str(done) and "already" in str(done)
+    assert "more work" in str(done) and "faster link" in str(done)
+    assert done.findings[1] == plain.findings[1]          # the busy rule's advice is unchanged
+    quiet = profiling.diagnose(0.1, 0.9, comm_kinds={"all_reduce"}, overlapped=True)
+    assert quiet.findings == profiling.diagnose(0.1, 0.9).findings
+    pipe = profiling.diagnose(0.45, 0.5, comm_kinds={"send", "recv"}, overlapped=True)
+    assert pipe.findings == profiling.diagnose(0.45, 0.5, comm_kinds={"send", "recv"}).findings
+    with pytest.raises(ValueError, match="overlapped"):
+        profiling.diagnose(0.45, 0.5, comm_kinds={"all_reduce"}, overlapped="yes")
+
+
 def test_diagnose_advises_what_the_run_communicated():
     """A pipeline (sends and receives) is never told to bucket gradients; DP is."""
     pipe = profiling.diagnose(0.45, 0.5, comm_kinds={"send", "recv"})

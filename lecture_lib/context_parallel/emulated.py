@@ -48,8 +48,8 @@ def time_at_scale(cp: int = 8, method: str = "ring", layout: str = "zigzag",
 
     Returns plain data: ``step`` (emulated seconds, the slowest rank's), ``ranks[r]`` (its
     ``step``, ``compute``, ``exposed`` and ``exposed_forward`` seconds, the link's ``comm``
-    seconds, ``messages`` and ``sent_bytes``), ``timeline[r]`` (kind, start, end, what) from
-    the step's start, ``wall_seconds``, and what varied.
+    seconds, ``messages``, ``sent_bytes`` and ``compute_by_op``), ``timeline[r]`` (kind,
+    start, end, what) from the step's start, ``wall_seconds``, and what varied.
     """
     check_context_parallel(cfg, cp, layout, method)
     check_kernel(kernel)
@@ -75,7 +75,8 @@ def layers_pass(cfg: GPTConfig, method: str, layout: str, kernel: str, batch: in
     """Inside a rank: ``cfg.n_layers`` blocks on this rank's ``seq_len / cp`` tokens, forward
     (and backward), emulated on ``preset`` (``dry_run``: on fake tensors; ``overlap=False``:
     each ring exchange waited for at once). Returns the clock and when the pass started, its
-    forward ended, and it ended (emulated seconds)."""
+    forward ended, and it ended (emulated seconds), and the pass's kernel seconds by
+    operation (``by_op``)."""
     _, _, cp = resolve(None)
     tokens = cfg.seq_len // cp
     attend = make_attention(method, None, layout, True, kernel)
@@ -89,6 +90,7 @@ def layers_pass(cfg: GPTConfig, method: str, layout: str, kernel: str, batch: in
                         requires_grad=True)
         dy = torch.randn_like(x)
         start = clock.synchronize()
+        before = dict(clock.seconds_by_op)
         with clock.phase("forward"):
             y = blocks(x)
         forward_end = clock.now()
@@ -96,7 +98,9 @@ def layers_pass(cfg: GPTConfig, method: str, layout: str, kernel: str, batch: in
             with clock.phase("backward"):
                 y.backward(dy)
         end = clock.synchronize()
-    return {"clock": clock, "start": start, "forward_end": forward_end, "end": end}
+    by_op = {op: t - before.get(op, 0.0) for op, t in clock.seconds_by_op.items()}
+    return {"clock": clock, "start": start, "forward_end": forward_end, "end": end,
+            "by_op": {op: t for op, t in by_op.items() if t > 0}}
 
 
 def context_parallel_blocks(cfg: GPTConfig, attend, dtype: torch.dtype) -> nn.Sequential:
@@ -110,8 +114,9 @@ def context_parallel_blocks(cfg: GPTConfig, attend, dtype: torch.dtype) -> nn.Se
 
 def rank_split(passed: dict) -> dict:
     """One rank's pass from :func:`layers_pass`: the compute stream busy (``compute``) or
-    waiting (``exposed``; ``exposed_forward`` in the forward pass), the link's transfer
-    seconds (``comm``), its messages and the bytes it sent to other ranks."""
+    waiting (``exposed``; ``exposed_forward`` in the forward pass), its kernels' seconds by
+    operation (``compute_by_op``), the link's transfer seconds (``comm``), its messages and
+    the bytes it sent to other ranks."""
     clock, start, end = passed["clock"], passed["start"], passed["end"]
     mine = [(kind, s - start, e - start, what) for kind, s, e, what in clock.spans
             if s >= start and e <= end]
@@ -122,6 +127,7 @@ def rank_split(passed: dict) -> dict:
             "compute": sum(e - s for k, s, e, _ in mine if k not in ("comm", "idle")),
             "exposed": sum(e - s for k, s, e, _ in mine if k == "idle"),
             "exposed_forward": sum(e - s for k, s, e, _ in mine if k == "idle" and e <= forward),
+            "compute_by_op": passed["by_op"],
             "comm": sum(e - s for k, s, e, _ in mine if k == "comm"),
             "messages": sum(1 for k, *_ in mine if k == "comm"),
             "sent_bytes": sent, "timeline": mine}

@@ -21,7 +21,9 @@ far: a kernel cannot start before it is launched (:meth:`launch`), so a rank
 whose kernels are shorter than their launches is launch-bound. The spans count
 such a wait in the kernel's kind; ``launch_waits`` lists each wait, ``(start,
 end)``, and ``launches`` counts the kernels, so a trace can show the waits as
-the gaps a GPU trace has between kernels.
+the gaps a GPU trace has between kernels. ``seconds_by_op`` adds each kernel's
+seconds (its launch wait not included) under the name of its operation, what a
+GPU profiler's table of kernels by name shows.
 ``issued`` lists each collective as ``(kind, compute time at issue, bytes)``: when
 its data was ready (its span starts later when the stream was still busy).
 
@@ -59,6 +61,7 @@ class Clock:
     kind: str = "compute"               # the kind new compute is charged as
     launches: int = 0                   # kernels launched so far
     launch_waits: list = field(default_factory=list)    # (start, end): stream waits for the host
+    seconds_by_op: dict = field(default_factory=dict)   # {"mm": seconds, ...}: kernels by name
     _pending: list = field(default_factory=list, repr=False)   # resolvers of async clocks
 
     # -- reading -------------------------------------------------------------
@@ -118,12 +121,15 @@ class Clock:
         elif seconds > 0:
             self.spans.append((self.kind, start, self.compute, ""))
 
-    def launch(self, seconds: float, host_seconds: float, flops: float = 0.0) -> None:
-        """One kernel: the host spends ``host_seconds`` launching it, then it runs ``seconds``
-        on the compute stream, starting when both the stream and the launch are done (a
-        stream that waited for the host counts the wait in the current kind)."""
+    def launch(self, seconds: float, host_seconds: float, flops: float = 0.0,
+               op: str = "") -> None:
+        """One kernel of operation ``op``: the host spends ``host_seconds`` launching it, then
+        it runs ``seconds`` on the compute stream, starting when both the stream and the
+        launch are done (a stream that waited for the host counts the wait in the current
+        kind)."""
         self.host += host_seconds
         self.launches += 1
+        self.seconds_by_op[op] = self.seconds_by_op.get(op, 0.0) + seconds
         waited = self.host - self.compute
         if waited > 0:
             self.launch_waits.append((self.compute, self.host))

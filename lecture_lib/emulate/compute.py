@@ -109,7 +109,7 @@ class ComputeMode(TorchDispatchMode):
         c = self.charges
         for _ in range(kernels):        # each kernel a share of the bytes and FLOPs
             self.clock.launch(c.kernel + step["seconds"] / kernels, c.launch,
-                              step["flops"] / kernels)
+                              step["flops"] / kernels, "optimizer step")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **kwargs) if kwargs else func(*args)
@@ -125,7 +125,7 @@ class ComputeMode(TorchDispatchMode):
                     step["flops"] += flops
                     step["ops"].add(info.name)
                 else:
-                    self.clock.launch(c.kernel + seconds, c.launch, flops)
+                    self.clock.launch(c.kernel + seconds, c.launch, flops, info.name)
             elif step is None and info.name == "_local_scalar_dense":
                 self.clock.catch_up()                 # .item(): the host waits for the GPU
         return out

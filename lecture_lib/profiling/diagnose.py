@@ -18,6 +18,9 @@ profiling chapter):
 
 ``comm_kinds`` (what :attr:`~.trace.RankProfile.comm_kinds` read from the
 trace) chooses the advice; without it the advice is the general one.
+``overlapped=True`` says the run already buckets its all-reduces and overlaps
+them with the backward pass: the advice for all-reduces is then what is left,
+more work per all-reduce or a faster link.
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ BUSY_SHARE_LIMIT = 0.70
 _ADVICE = {   # what to look at when this kind of communication dominates
     "all_reduce": "look at all-reduce efficiency (bus bandwidth against the link's), bucket "
                   "gradients into fewer, larger messages and overlap them with the backward pass",
+    "all_reduce, overlapped": "the all-reduces already run in buckets during the backward pass: "
+                              "give each more work to hide behind (more sequences per GPU, or "
+                              "gradient accumulation), or keep the group on a faster link",
     "p2p": "a pipeline's sends and receives are mostly stages waiting for their neighbours "
            "(the bubble): use more micro-batches, an interleaved or zero-bubble schedule, and "
            "stages of equal cost",
@@ -53,13 +59,15 @@ class Diagnosis:
         return "\n".join(self.findings)
 
 
-def _comm_advice(comm_kinds) -> str:
+def _comm_advice(comm_kinds, overlapped) -> str:
     if comm_kinds is None:                      # not known: the general advice
         return ("if it is gradient all-reduce, " + _ADVICE["all_reduce"] + "; if it is a "
                 "pipeline's sends and receives, " + _ADVICE["p2p"].split(": ", 1)[1])
     families = sorted({_FAMILY[k] for k in comm_kinds if k in _FAMILY})
     if not families:
         return "no collective of a training scheme is in the trace: look at what communicates"
+    if overlapped:
+        families = [f + ", overlapped" if f == "all_reduce" else f for f in families]
     return "; ".join(_ADVICE[f] for f in families)
 
 
@@ -75,14 +83,18 @@ def _busy_advice(comm_kinds) -> str:
 
 
 def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
-             comm_limit: float = COMM_SHARE_LIMIT,
+             overlapped: bool = False, comm_limit: float = COMM_SHARE_LIMIT,
              busy_limit: float = BUSY_SHARE_LIMIT) -> Diagnosis:
     """Apply the lecture's rules of thumb to measured shares and say what they show.
 
     ``comm_kinds``: the collectives the run did (``{"all_reduce"}``, ``{"send",
     "recv"}``, ..., as :func:`~.events.comm_kinds` reads them); it decides the
-    advice, so a pipeline is never told to bucket its gradients.
+    advice, so a pipeline is never told to bucket its gradients. ``overlapped``: the
+    run already buckets its all-reduces and overlaps them with backward, so it is
+    not told to.
     """
+    if not isinstance(overlapped, bool):
+        raise ValueError(f"overlapped must be True or False, not {overlapped!r}")
     for name, v in (("comm_share", comm_share), ("busy_share", busy_share),
                     ("comm_limit", comm_limit), ("busy_limit", busy_limit)):
         if not 0.0 <= v <= 1.0:
@@ -91,7 +103,7 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
     findings = []
     if comm_bound:
         findings.append(f"communication takes {comm_share:.0%} of the step (> {comm_limit:.0%}): "
-                        + _comm_advice(comm_kinds))
+                        + _comm_advice(comm_kinds, overlapped))
     if underused:
         findings.append(f"the device is busy only {busy_share:.0%} of the step "
                         f"(< {busy_limit:.0%}): " + _busy_advice(comm_kinds))
@@ -101,11 +113,11 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
     return Diagnosis(comm_share, busy_share, comm_bound, underused, findings)
 
 
-def diagnose_run(profiles, **limits) -> Diagnosis:
+def diagnose_run(profiles, **options) -> Diagnosis:
     """:func:`diagnose` of a run: its ranks' mean shares, and every collective any rank ran."""
     if not profiles:
         raise ValueError("no profiles given")
     kinds = set().union(*(p.comm_kinds for p in profiles))
     return diagnose(sum(p.comm_share for p in profiles) / len(profiles),
                     sum(p.busy_share for p in profiles) / len(profiles), comm_kinds=kinds,
-                    **limits)
+                    **options)
