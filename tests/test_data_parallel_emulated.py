@@ -90,6 +90,8 @@ def test_time_at_scale_splits_the_step_and_accumulation_divides_comm_per_sample(
         assert parts == pytest.approx(r["step"], rel=1e-9) and r["exposed"] >= -1e-12
         assert r["world_size"] == 2 and r["wall_s"] > 0 and "clock" not in r
         assert sum(r["bucket_bytes"]) == r["grad_bytes"]   # every gradient once per step
+        # the compute phases include the stream's waits for launches (a small model's many)
+        assert 0 < r["launch_waits"] < r["forward"] + r["backward"] + r["optimizer"]
     assert flat["collectives"] == 1 < bucketed["collectives"] == accumulated["collectives"]
     assert accumulated["samples_per_rank"] == 2 * bucketed["samples_per_rank"] == 4
     assert accumulated["comm_per_sample"] == pytest.approx(bucketed["comm_per_sample"] / 2)

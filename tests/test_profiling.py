@@ -302,6 +302,11 @@ def test_an_emulated_profile_reads_like_a_gpu_trace():
         assert profiling.overlap_share(by_sync["bucketed"][0]) > 0
     diagnosis = profiling.diagnose_run([by_sync["flat"][0] for by_sync in runs])
     assert "all-reduce" in str(diagnosis)
+    # the communication rule reads the exposed share: what the devices wait for
+    bucketed = [by_sync["bucketed"][0] for by_sync in runs]
+    expected = sum(profiling.exposed_share(p) for p in bucketed) / len(bucketed)
+    assert profiling.diagnose_run(bucketed).comm_share == pytest.approx(expected)
+    assert expected < sum(p.comm_share for p in bucketed) / len(bucketed)   # less than in flight
 
 
 def test_a_stream_waiting_for_launches_is_not_busy():

@@ -125,7 +125,10 @@ def _split(clock: Clock, start, totals, first_span, first_issue) -> dict:
     spans = [(k, s - start, e - start, t) for k, s, e, t in clock.spans[first_span:]]
     comm = [s for s in spans if s[0] == "comm"]
     split = {"step": end - start, **{k: delta.get(k, 0.0) for k in PHASES}}
+    waits = sum(min(b, end) - max(a, start) for a, b in clock.launch_waits
+                if b > start and a < end)
     return {**split, "exposed": split["step"] - sum(split[k] for k in PHASES if k != "comm"),
+            "launch_waits": waits,
             "last_bucket": comm[-1][2] - comm[-1][1] if comm else 0.0,
             "collectives": len(comm), "spans": spans,
             **_buckets(clock.issued[first_issue:], start)}
@@ -170,8 +173,9 @@ def time_at_scale(cfg: GPTConfig, configs: list[dict], world_size: int = 8,
     seconds of the call, starting the ranks included), ``comm_per_sample`` (seconds on the
     communication stream per sequence of the step, all ranks' sequences), ``preset`` (its
     label) and the configuration. The split: ``step`` = ``forward`` + ``backward`` +
-    ``optimizer`` (the compute stream busy) + ``exposed`` (waiting for all-reduces);
-    ``comm`` is the communication stream's time, hidden or not.
+    ``optimizer`` (the compute stream's phases, its waits for kernel launches included:
+    ``launch_waits`` of them) + ``exposed`` (waiting for all-reduces); ``comm`` is the
+    communication stream's time, hidden or not.
     """
     cluster = emulate.preset(preset)
     runs = []

@@ -3,7 +3,8 @@
 Two rules ("common problems and debugging"; the Ultra-Scale Playbook's
 profiling chapter):
 
-* **communication over 30% of the step**: the job is communication-bound.
+* **exposed communication over 30% of the step** (the devices wait for it; what
+  runs under a kernel costs nothing): the job is communication-bound.
   What to do depends on *which* communication it is. Gradient all-reduces
   (data parallelism, Li et al. 2020): look at all-reduce efficiency, bucket
   gradients into fewer, larger messages and overlap them with the backward
@@ -25,6 +26,8 @@ more work per all-reduce or a faster link.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .trace import exposed_share
 
 COMM_SHARE_LIMIT = 0.30
 BUSY_SHARE_LIMIT = 0.70
@@ -86,6 +89,8 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
              overlapped: bool = False, comm_limit: float = COMM_SHARE_LIMIT,
              busy_limit: float = BUSY_SHARE_LIMIT) -> Diagnosis:
     """Apply the lecture's rules of thumb to measured shares and say what they show.
+    ``comm_share``: the exposed share of the step (communication the devices wait for,
+    :func:`~.trace.exposed_share`), not the share in flight.
 
     ``comm_kinds``: the collectives the run did (``{"all_reduce"}``, ``{"send",
     "recv"}``, ..., as :func:`~.events.comm_kinds` reads them); it decides the
@@ -102,22 +107,25 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
     comm_bound, underused = comm_share > comm_limit, busy_share < busy_limit
     findings = []
     if comm_bound:
-        findings.append(f"communication takes {comm_share:.0%} of the step (> {comm_limit:.0%}): "
+        findings.append(f"the devices wait for communication {comm_share:.0%} of the step "
+                        f"(> {comm_limit:.0%}): "
                         + _comm_advice(comm_kinds, overlapped))
     if underused:
         findings.append(f"the device is busy only {busy_share:.0%} of the step "
                         f"(< {busy_limit:.0%}): " + _busy_advice(comm_kinds))
     if not findings:
-        findings.append(f"communication {comm_share:.0%} (<= {comm_limit:.0%}) and device busy "
-                        f"{busy_share:.0%} (>= {busy_limit:.0%}): no rule of thumb fires")
+        findings.append(f"exposed communication {comm_share:.0%} (<= {comm_limit:.0%}) and "
+                        f"device busy {busy_share:.0%} (>= {busy_limit:.0%}): no rule of thumb "
+                        "fires")
     return Diagnosis(comm_share, busy_share, comm_bound, underused, findings)
 
 
 def diagnose_run(profiles, **options) -> Diagnosis:
-    """:func:`diagnose` of a run: its ranks' mean shares, and every collective any rank ran."""
+    """:func:`diagnose` of a run: its ranks' mean exposed and busy shares
+    (:func:`~.trace.exposed_share`), the advice by every collective any rank ran."""
     if not profiles:
         raise ValueError("no profiles given")
     kinds = set().union(*(p.comm_kinds for p in profiles))
-    return diagnose(sum(p.comm_share for p in profiles) / len(profiles),
+    return diagnose(sum(exposed_share(p) for p in profiles) / len(profiles),
                     sum(p.busy_share for p in profiles) / len(profiles), comm_kinds=kinds,
                     **options)
