@@ -11,6 +11,11 @@ notebook's batch and 8 times it.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from lecture_lib import metrics
 from lecture_lib.capstone import launches
 from lecture_lib.capstone.train import cpu_gpt
@@ -69,3 +74,31 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}
+
+
+def collective_calls(run: dict, rank: int = 0) -> dict[str, tuple[int, float]]:
+    """The collectives that carried bytes on ``rank`` of a capstone run (its ``comm`` record,
+    ``{phase: {kind: (calls, buffer bytes)}}``), summed over the phases: kind -> (calls, MB)."""
+    calls: dict[str, tuple[int, float]] = {}
+    for kinds in run["comm"][rank].values():
+        for kind, (count, nbytes) in kinds.items():
+            if nbytes:
+                c, b = calls.get(kind, (0, 0.0))
+                calls[kind] = (c + count, b + nbytes / 1e6)
+    return calls
+
+
+def compare_predictions(records: dict[str, dict], out_dir, title: str) -> tuple[str, str]:
+    """Runs ``python -m lecture_lib.capstone compare`` on one predictions file per entry of
+    ``records`` (name -> {strategy: record}), written to ``out_dir``; returns what it printed
+    and the path of its picture."""
+    out = Path(out_dir)
+    files = []
+    for name, by_strategy in records.items():
+        files.append(out / f"predicted_{name}.json")
+        files[-1].write_text(json.dumps(list(by_strategy.values()), default=str))
+    png = out / "compare.png"
+    command = [sys.executable, "-m", "lecture_lib.capstone", "compare", *map(str, files),
+               "--png", str(png), "--title", title]
+    shown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return shown, str(png)

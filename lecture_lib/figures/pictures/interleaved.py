@@ -84,7 +84,7 @@ CHUNK_COLORS = {("F", 0): "#4C72B0", ("F", 1): "#1B2E52", ("B", 0): "#DD8452",
 
 
 def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
-                              fontsize: float = 8) -> list[dict]:
+                              fontsize: float = 9) -> list[dict]:
     """``plots.plot_timeline`` of an interleaved schedule, recoloured so the two chunks read
     apart (:data:`CHUNK_COLORS`), every box labelled with its micro-batch in white, and a
     legend outside the data. Returns plot_timeline's list of drawn spans (colours updated)."""
@@ -99,7 +99,7 @@ def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
         if box["microbatch"] is not None:
             box["text"] = str(box["microbatch"])
             ax.text(box["start"] + box["width"] / 2, box["y"], box["text"], ha="center",
-                    va="center", fontsize=fontsize, color="white")
+                    va="center", fontsize=fontsize, color="white", fontweight="bold")
     handles = [Patch(color=c, label=f"{k} chunk {ch}") for (k, ch), c in sorted(
         used.items(), key=lambda kv: ("FBW".find(kv[0][0]), kv[0][1]))]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)

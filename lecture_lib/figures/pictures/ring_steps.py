@@ -38,13 +38,18 @@ def draw_ring_steps(cp: int = 4, layout: str = "zigzag", causal: bool = True, ax
             face = colors(cell["source"] % 10) if cell["pairs"] else (0.85, 0.85, 0.85)
             ax.add_patch(plt.Rectangle((rank, step), 0.96, 0.92, facecolor=face, alpha=0.55))
             ax.text(rank + 0.48, step + 0.46, labels[step][rank], ha="center", va="center",
-                    fontsize=8)
+                    fontsize=10)
     ax.set_xlim(0, cp)
     ax.set_ylim(cp, 0)
-    ax.set_xticks([r + 0.48 for r in range(cp)], [f"rank {r}" for r in range(cp)])
+    chunks = [", ".join(map(str, rank_chunks(r, cp, layout))) for r in range(cp)]
+    word = "chunks" if layout == "zigzag" else "chunk"
+    ax.set_xticks([r + 0.48 for r in range(cp)],
+                  [f"rank {r}\n{word} {c}" for r, c in enumerate(chunks)])
     ax.set_yticks([s + 0.46 for s in range(cp)], [f"step {s}" for s in range(cp)])
     ax.grid(False)
+    n_chunks = 2 * cp if layout == "zigzag" else cp
     ax.set_title(f"ring attention, cp={cp}, {layout} layout{', causal' if causal else ''}: "
+                 f"the sequence in {n_chunks} chunks (0-{n_chunks - 1})\n"
                  "qAkB = query chunk A against key chunk B"
-                 + (" (* masked diagonal)" if causal else ""), fontsize=9)
+                 + (" (* masked diagonal)" if causal else ""), fontsize=10)
     return ax.figure
