@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from lecture_lib.costmodel import PRESETS, pipeline_bubble, traffic
+from lecture_lib.costmodel import PRESETS, TransformerShape, pipeline_bubble, traffic
 from lecture_lib.costmodel.comm import Link, collective_time
 from lecture_lib.costmodel.planner import explain, plan, rank_of
 from lecture_lib.costmodel.search_space import candidates
@@ -38,13 +38,14 @@ def test_placement_decides_the_link():
 def test_gpt3_lecture_configuration():
     t = step_time(GPT3, LECTURE, A100_CLUSTER, global_batch=1536)
     assert t.microbatches == 1536 // 8
-    # compute: (6N + 12 L h s) FLOPs per token x 4/3 (full recomputation), at 50% of 312 TFLOP/s
+    # compute: (6N + 12 L h s) FLOPs per token x 4/3 (full recomputation), at 50% of 312 TFLOP/s;
+    # N: 175B less the position table (the token table is the tied head)
     tokens = 1536 * 2048
-    flops = (6 * 175e9 + 12 * 96 * 12288 * 2048) * tokens * 4 / 3
+    flops = (6 * (175e9 - 2048 * 12288) + 12 * 96 * 12288 * 2048) * tokens * 4 / 3
     assert t.compute == pytest.approx(flops / 1024 / (0.5 * 312e12))
     assert t.bubble == pytest.approx(t.compute * 15 / 192)    # (p - 1) / m of the compute
     assert t.bubble / (t.compute + t.bubble) == pytest.approx(pipeline_bubble(16, 192))
-    # the Megatron-LM paper measured ~32 s per step here (138 TFLOP/s per GPU, its Table 1)
+    # Narayanan et al. 2021 (section 5.1): 140 TFLOP/s per GPU on 1024 A100s, batch 1536
     assert 25 < t.total < 45
     assert t.tp_comm > t.pp_comm and t.tp_comm > t.dp_comm
 
@@ -65,7 +66,21 @@ def test_more_devices_less_compute_per_device():
 
 
 def test_training_flops_per_token():
-    assert training_flops(GPT3, 1) == pytest.approx(6 * 175e9 + 12 * 96 * 12288 * 2048)
+    # N: every weight but the embedding tables a token only looks up. GPT-3's token table is
+    # its head (tied), so only the position table (2048 x 12288) drops out
+    n = 175e9 - 2048 * 12288
+    assert training_flops(GPT3, 1) == pytest.approx(6 * n + 12 * 96 * 12288 * 2048)
+
+
+def test_training_flops_leave_out_the_looked_up_tables_of_an_exact_model():
+    from lecture_lib.calibration import shape_of
+    from lecture_lib.models import GPT, GPTConfig
+    cfg = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=2, n_layers=2)
+    model = GPT(cfg)                                    # untied head, learned positions
+    n = sum(p.numel() for p in model.parameters()) - (96 + 16) * 32
+    assert training_flops(shape_of(cfg), 1) == pytest.approx(6 * n + 12 * 2 * 16 * 32)
+    with pytest.raises(ValueError, match="embedding_params"):
+        TransformerShape("x", 2, 32, 2, 96, 16, num_params=1000, embedding_params=1000)
 
 
 def test_planner_ranks_what_fits_and_finds_the_lecture_config():

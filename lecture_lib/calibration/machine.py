@@ -39,10 +39,11 @@ from ..runtime import launch
 
 
 def shape_of(cfg: GPTConfig) -> TransformerShape:
-    """The cost model's view of a :class:`GPTConfig`, with its exact parameter count."""
+    """The cost model's view of a :class:`GPTConfig`, with its exact parameter count; its
+    token and position tables are looked up (the course's GPT has an untied head)."""
     n = sum(p.numel() for p in GPT(cfg).parameters())
     return TransformerShape("small GPT", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size,
-                            cfg.seq_len, n)
+                            cfg.seq_len, n, n - cfg.num_params(embeddings=False))
 
 
 def measure_link(world_size: int = 2, sizes=(2 ** 12, 2 ** 16, 2 ** 20, 2 ** 22),

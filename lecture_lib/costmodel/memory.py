@@ -107,7 +107,12 @@ def activation_bytes_per_layer(seq_len: int, microbatch_size: int, hidden: int, 
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """The sizes the memory model needs; ``num_params`` defaults to the usual estimate."""
+    """The sizes the memory model needs; ``num_params`` defaults to the usual estimate.
+
+    ``embedding_params``: the weights of embedding tables a token only looks up (a position
+    table; a token table not tied to the head), in ``num_params`` but not in the N of the
+    compute, :attr:`matmul_params`. The default estimate has none: its one ``V h`` table is
+    the head's."""
     name: str
     layers: int
     hidden: int
@@ -115,6 +120,7 @@ class TransformerShape:
     vocab: int
     seq_len: int
     num_params: float = 0.0
+    embedding_params: float = 0.0
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "vocab", "seq_len"):
@@ -124,16 +130,30 @@ class TransformerShape:
             # (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training ...", eq. 2)
             object.__setattr__(self, "num_params", 12 * self.layers * self.hidden ** 2
                                + 13 * self.layers * self.hidden + self.vocab * self.hidden)
+        if not 0 <= self.embedding_params < self.num_params:
+            raise ValueError(f"{self.name}.embedding_params must be >= 0 and less than its "
+                             f"{self.num_params:g} parameters, not {self.embedding_params!r}")
+
+    @property
+    def matmul_params(self) -> float:
+        """N: the weights a token's matmuls use (a tied head counted once, as the head)."""
+        return self.num_params - self.embedding_params
 
 
 PRESETS = {
     # GPT-3 175B: Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, 2048 tokens)
-    "GPT-3 175B": TransformerShape("GPT-3 175B", 96, 12288, 96, 50257, 2048, 175e9),
+    # its token table is its head (tied); the 2048 x 12288 learned positions are looked up
+    "GPT-3 175B": TransformerShape("GPT-3 175B", 96, 12288, 96, 50257, 2048, 175e9,
+                                   2048 * 12288),
     # Llama 3 8B / 70B: Meta's model cards (32 x 4096, 80 x 8192; vocab 128256; 8192 tokens)
-    "Llama-style 8B": TransformerShape("Llama-style 8B", 32, 4096, 32, 128256, 8192, 8.0e9),
-    "Llama-style 70B": TransformerShape("Llama-style 70B", 80, 8192, 64, 128256, 8192, 70.6e9),
+    # (untied token tables, rotary positions: the token table is looked up)
+    "Llama-style 8B": TransformerShape("Llama-style 8B", 32, 4096, 32, 128256, 8192, 8.0e9,
+                                       128256 * 4096),
+    "Llama-style 70B": TransformerShape("Llama-style 70B", 80, 8192, 64, 128256, 8192, 70.6e9,
+                                        128256 * 8192),
     # the course's small GPT (lecture_lib.models.GPTConfig defaults), its exact count
-    "course small GPT": TransformerShape("course small GPT", 4, 64, 4, 64, 32, 210_304),
+    "course small GPT": TransformerShape("course small GPT", 4, 64, 4, 64, 32, 210_304,
+                                         (64 + 32) * 64),   # untied head, learned positions
 }
 
 PRECISIONS = {

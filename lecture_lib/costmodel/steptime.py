@@ -78,8 +78,9 @@ class Cluster:
 
 
 # A100 80GB: 312 TFLOP/s bf16 dense (NVIDIA A100 datasheet); the 1024-GPU cluster of the
-# Megatron-LM GPT-3 175B run (Narayanan et al. 2021, Table 1: 138 TFLOP/s per GPU achieved,
-# 44% of peak, bubble and communication included; the matrix multiplies alone run nearer 50%).
+# Megatron-LM GPT-3 175B estimate (Narayanan et al. 2021, section 5.1: 140 TFLOP/s per GPU,
+# 45% of peak, bubble and communication included; the matrix multiplies alone run nearer 50%;
+# tp 8 x pp 16 on 128 nodes in Megatron-LM's examples/pretrain_gpt3_175B.sh).
 A100_CLUSTER = Cluster("128 nodes x 8 A100 80GB (Megatron-LM 2021)", 128, 8, 312e12, 80e9,
                        NVLINK_A100, INFINIBAND_HDR, efficiency=0.5)
 # H100 SXM: 989 TFLOP/s bf16 dense (NVIDIA H100 datasheet).
@@ -144,7 +145,8 @@ def group_link(par: Parallelism, axis: str, cluster: Cluster) -> Link | None:
 
 def training_flops(shape: TransformerShape, tokens: float, recompute: str = "none") -> float:
     """FLOPs of forward + backward over ``tokens`` tokens (recomputation included)."""
-    per_token = model_flops_per_token(shape.num_params, shape.layers, shape.seq_len, shape.hidden)
+    per_token = model_flops_per_token(shape.matmul_params, shape.layers, shape.seq_len,
+                                      shape.hidden)
     return per_token * tokens * RECOMPUTE_FLOPS[recompute]
 
 
