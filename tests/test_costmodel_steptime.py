@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from lecture_lib.calibration import shape_of
 from lecture_lib.costmodel import PRESETS, TransformerShape, pipeline_bubble, traffic
 from lecture_lib.costmodel.comm import Link, collective_time
 from lecture_lib.costmodel.planner import explain, plan, rank_of
@@ -19,6 +20,7 @@ from lecture_lib.costmodel.steptime import (
     training_flops,
 )
 from lecture_lib.dims import ParallelDims, Recipe
+from lecture_lib.models import GPT, GPTConfig
 
 GPT3 = PRESETS["GPT-3 175B"]
 LECTURE = Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(microbatch_size=1, zero_stage=1),
@@ -73,8 +75,6 @@ def test_training_flops_per_token():
 
 
 def test_training_flops_leave_out_the_looked_up_tables_of_an_exact_model():
-    from lecture_lib.calibration import shape_of
-    from lecture_lib.models import GPT, GPTConfig
     cfg = GPTConfig(vocab_size=96, seq_len=16, d_model=32, n_heads=2, n_layers=2)
     model = GPT(cfg)                                    # untied head, learned positions
     n = sum(p.numel() for p in model.parameters()) - (96 + 16) * 32
