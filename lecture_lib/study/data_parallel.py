@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
+
 from ..costmodel import H100_BF16_FLOPS, NVLINK_H100, collective_time
 from ..models import GPT, GPTConfig
 from . import fmt
@@ -73,3 +75,53 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5}
+
+
+# --- section 4's table and bucket-size figure (formatting only; the notebook asserts) ---
+
+def run_name(r: dict) -> str:
+    """A dry-run row's label: its bucket size, or flat / per-parameter."""
+    if r["variant"] == "bucketed":
+        return f"{r['bucket_size_mb']:g} MiB"
+    return {"flat": "flat", "individual": "per-parameter"}[r["variant"]]
+
+
+def phase_table(real: dict) -> str:
+    """The step split into forward, backward, optimizer and exposed time, in ms, one row a run."""
+    lines = [f"{'per rank':>10s} {'':>14s} {'calls':>5s} {'fwd':>6s} {'bwd':>6s} {'opt':>6s} "
+             f"{'exposed':>8s} {'step':>6s}   (ms)"]
+    for seqs, rows in real.items():
+        for r in rows:
+            lines.append(f"{seqs:4d} seq{'s' if seqs > 1 else ' '}   {run_name(r):>14s} "
+                         f"{r['collectives']:5d} "
+                         + " ".join(f"{1e3 * r[k]:6.2f}"
+                                    for k in ("forward", "backward", "optimizer"))
+                         + f" {1e3 * r['exposed']:8.2f} {1e3 * r['step']:6.2f}")
+    return "\n".join(lines)
+
+
+def bucket_sweep_figure(real: dict, best: dict):
+    """Each run's step against the best of its batch size, flat to per-parameter."""
+    order = [run_name(r) for r in real[1]]               # flat, 100 ... 1 MiB, per-parameter
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    for seqs, rows in real.items():
+        x = [order.index(run_name(r)) for r in rows]
+        slower = [100 * (r["step"] / best[seqs]["step"] - 1) for r in rows]
+        ax.plot(x, slower, "o-" if seqs == 1 else "s", ms=6,      # 8 sequences: three runs, no line
+                label=f"{seqs} sequence{'s' if seqs > 1 else ''} per rank")
+        for xi, y, r in zip(x, slower, rows):
+            if seqs == 8 and r is best[8] and run_name(r) == run_name(best[1]):
+                continue                                      # both best: one "best" label
+            text = "best" if r is best[seqs] else f"{y:+.1f}%" if abs(y) < 10 else f"{y:+.0f}%"
+            ax.annotate(text, (xi, y), textcoords="offset points",
+                        xytext=(0, 7 if seqs == 1 else -13), ha="center", fontsize=8)
+    ax.set_xticks(range(len(order)),
+                  [f"{n}\n{r['collectives']} call{'s' if r['collectives'] > 1 else ''}"
+                   for n, r in zip(order, real[1])], fontsize=8)
+    ax.set_ylim(-5, None)
+    ax.set_xlabel("bucket size (all-reduces per step)")
+    ax.set_ylabel("step slower than the best\nof its batch size (%)")
+    ax.set_title("GPT-2 small, DDP on 8 GPUs: the bucket-size sweep")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig

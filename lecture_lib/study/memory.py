@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
+
 from ..costmodel import (
     INFINIBAND_NDR,
     PRESETS,
@@ -21,6 +23,8 @@ from ..costmodel import (
     memory_per_device,
     model_state_breakdown,
 )
+from ..figures import plots
+from ..figures.pictures import zero_shards
 from . import fmt
 
 MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
@@ -97,7 +101,9 @@ def fsdp_timeline(on: dict, off: dict) -> dict:
     prefetch to the wait without; ``blocks_waiting_off``: how many (block, phase) pairs wait
     without prefetch; ``prefetch_overlaps``: whether block 1's forward all-gather flies while
     block 0 computes and block 0's backward one while block 1 computes (prefetch on, off);
-    ``tok_emb_unhidden``: the rank waits for all of the token embedding's forward all-gather.
+    ``tok_emb_unhidden``: the rank waits for all of the token embedding's forward all-gather
+    (first in forward) and for at least 95% of its backward re-gather (last in backward, issued
+    after the position embedding's brief backward).
     """
     b_on, b_off = blocked(on), blocked(off)
     hidden = [k for k in b_off if k[0].startswith("blocks.") and k != ("blocks.0", "forward")]
@@ -113,6 +119,58 @@ def fsdp_timeline(on: dict, off: dict) -> dict:
             name: (in_flight_while_computing(r, "blocks.1", "blocks.0", "forward")
                    and in_flight_while_computing(r, "blocks.0", "blocks.1", "backward"))
             for name, r in (("on", on), ("off", off))},
-        "tok_emb_unhidden": _span(on, "blocked", "tok_emb", "forward")
-        == _span(on, "in flight", "tok_emb", "forward"),
+        "tok_emb_unhidden": _tok_emb_unhidden(on),
     }
+
+
+def _tok_emb_unhidden(r: dict) -> bool:
+    if _span(r, "blocked", "tok_emb", "forward") != _span(r, "in flight", "tok_emb", "forward"):
+        return False
+    (a, b), (c, d) = (_span(r, k, "tok_emb", "backward") for k in ("blocked", "in flight"))
+    return b == d and b - a >= 0.95 * (d - c)
+
+
+_SPAN_STATES = {"in flight": "in flight", "compute": "computing"}  # zero_shards.STATE_COLORS keys
+SPAN_LABELS = {"in flight": "all-gather in flight", "compute": "unit computing",
+               "blocked": "rank blocked,\nwaiting for the all-gather"}
+
+
+def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"), stamp: str = ""):
+    """Draw rank 0's FSDP timeline, one panel per case of ``zero.emulated.time_at_scale``.
+
+    Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
+    bars show a unit's all-gather in flight, the unit computing and, narrower and outlined, the
+    rank blocked on the all-gather. ``titles`` names each case; the panel title adds the step,
+    the exposed time and its part in the blocks. Returns the figure.
+    """
+    colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
+    colors["blocked"] = "#F5A000"
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6), sharex=True)
+    for ax, case in zip(axes, cases):
+        r = at[case]
+        spans = r["unit_spans"]
+        rows = list(dict.fromkeys(u for _, u, *_ in spans))
+        for kind, unit, _phase, a, b in spans:
+            y, height = rows.index(unit), (0.4 if kind == "blocked" else 0.75)
+            ax.barh(y + (0.2 if kind == "blocked" else 0), (b - a) * 1e3, left=a * 1e3,
+                    height=height, color=colors[kind], label=SPAN_LABELS[kind],
+                    edgecolor="#8A4B00" if kind == "blocked" else "none", lw=1.2)
+        ax.axvline(r["step"] * 1e3, color="0.3", ls=":", lw=1, label="end of the step")
+        ax.set_yticks(range(len(rows)), rows)
+        ax.invert_yaxis()
+        in_blocks = sum(b - a for k, u, *_, a, b in spans
+                        if k == "blocked" and u.startswith("blocks."))
+        ax.set_title(f"{titles[case]}: step {r['step'] * 1e3:.1f} ms; rank blocked "
+                     f"{r['exposed'] * 1e3:.1f} ms, {in_blocks * 1e3:.1f} ms of it in the blocks",
+                     fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    unique["end of the step"] = unique.pop("end of the step")               # last in the legend
+    axes[0].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                   fontsize=8)
+    axes[-1].set_xlabel("emulated time since the step's start (ms)")
+    axes[-1].set_xlim(left=0)
+    if stamp:
+        plots.stamp(fig, text=stamp)
+    fig.tight_layout()
+    return fig

@@ -221,3 +221,9 @@ def _real_trace(rows):
         os.close(null)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
     return table, {e.key for e in prof.key_averages()}
+
+
+def phase_extent(spans, phase: str) -> tuple[float, float]:
+    """First start and last end of ``phase``'s kernels in :func:`step_spans`' output (seconds)."""
+    inside = [(a, b) for k, a, b in spans if k == phase]
+    return min(a for a, _ in inside), max(b for _, b in inside)

@@ -77,16 +77,16 @@ def draw_interleaved(schedule: Schedule, n_layers: int, layers=None):
     return fig, assignment
 
 
-# Interleaved 1F1B's timeline: each kind in two clearly different shades, one per chunk
-# (plots.plot_timeline's default lightens chunk 1, too faint for half-width boxes).
-CHUNK_COLORS = {("F", 0): "#4C72B0", ("F", 1): "#1B2E52", ("B", 0): "#DD8452",
-                ("B", 1): "#8B3E12", ("W", 0): "#55A868", ("W", 1): "#245C34"}
+# Interleaved 1F1B's timeline: each kind in two clearly different shades, one per chunk,
+# chunk 0 light (black digits), chunk 1 dark (white digits).
+CHUNK_COLORS = {("F", 0): "#A9C4EB", ("F", 1): "#1B2E52", ("B", 0): "#F5C49C",
+                ("B", 1): "#8B3E12", ("W", 0): "#A8D8B0", ("W", 1): "#245C34"}
 
 
 def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
                               fontsize: float = 9) -> list[dict]:
     """``plots.plot_timeline`` of an interleaved schedule, recoloured so the two chunks read
-    apart (:data:`CHUNK_COLORS`), every box labelled with its micro-batch in white, and a
+    apart (:data:`CHUNK_COLORS`), every box labelled with its micro-batch, and a
     legend outside the data. Returns plot_timeline's list of drawn spans (colours updated)."""
     first = len(ax.patches)
     drawn = plot_timeline(ax, timeline, title, unit="s", labels=False, legend=False)
@@ -98,8 +98,10 @@ def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
         used[key] = box["color"]
         if box["microbatch"] is not None:
             box["text"] = str(box["microbatch"])
+            narrow = box["width"] < 0.75 * max(b["width"] for b in drawn)   # a half-width box
             ax.text(box["start"] + box["width"] / 2, box["y"], box["text"], ha="center",
-                    va="center", fontsize=fontsize, color="white", fontweight="bold")
+                    va="center", fontsize=max(8, fontsize - 1) if narrow else fontsize,
+                    color="white" if key[1] else "black")
     handles = [Patch(color=c, label=f"{k} chunk {ch}") for (k, ch), c in sorted(
         used.items(), key=lambda kv: ("FBW".find(kv[0][0]), kv[0][1]))]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
