@@ -59,6 +59,17 @@ def test_a_prediction_says_how_much_of_its_step_computes():
     assert zero1["compute_seconds"] < ddp["compute_seconds"]
 
 
+def test_a_prediction_gives_each_ranks_compute():
+    """``rank_compute_seconds``: one entry per rank, in rank order; the rank that ends the step
+    last gives ``compute_seconds``. A pp stage's compute: the last stage also runs the head."""
+    model = real_size("GPT-2 small", n_layers=2)
+    pp = predict("pp", 2, model=model, global_batch=4)
+    ranks = pp["rank_compute_seconds"]
+    assert len(ranks) == 2 and all(0 < c < pp["step_time"] for c in ranks)
+    assert pp["compute_seconds"] in ranks
+    assert ranks[-1] > ranks[0]                 # the last stage runs the output head
+
+
 def test_layouts_of_the_strategies_on_gpt2_small():
     for world in (4, 8):
         for strategy in ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp", "3d"):

@@ -121,16 +121,20 @@ def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig
                                    m, b))
     held = max(sum(r["held"].values()) for r in results)
     return {**out, "state_bytes_counted": held, "compute_seconds": step_compute(results),
-            "wall_seconds": wall}
+            "rank_compute_seconds": [rank_compute(r) for r in results], "wall_seconds": wall}
+
+
+def rank_compute(result: dict) -> float:
+    """Seconds one rank's compute stream was busy in its timed (last) step."""
+    start, end = result["starts"][-1], result["ends"][-1]
+    return sum(min(e, end) - max(s, start) for kind, s, e, *_ in result["clock"]["spans"]
+               if kind not in ("comm", "idle") and e > start and s < end)
 
 
 def step_compute(results: list[dict]) -> float:
     """Seconds the compute stream was busy in the timed (last) step, on the rank that ended
     it last: the step less its ``compute_seconds`` is communication and waiting nothing hid."""
-    last = max(results, key=lambda r: r["ends"][-1])
-    start, end = last["starts"][-1], last["ends"][-1]
-    return sum(min(e, end) - max(s, start) for kind, s, e, *_ in last["clock"]["spans"]
-               if kind not in ("comm", "idle") and e > start and s < end)
+    return rank_compute(max(results, key=lambda r: r["ends"][-1]))
 
 
 def predict_strategies(world_sizes=(4, 8), presets=("h100-node",), strategies=STRATEGIES,

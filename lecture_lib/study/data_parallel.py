@@ -112,9 +112,11 @@ def bucket_sweep_figure(real: dict, best: dict):
         for xi, y, r in zip(x, slower, rows):
             if seqs == 8 and r is best[8] and run_name(r) == run_name(best[1]):
                 continue                                      # both best: one "best" label
-            text = "best" if r is best[seqs] else f"{y:+.1f}%" if abs(y) < 10 else f"{y:+.0f}%"
-            ax.annotate(text, (xi, y), textcoords="offset points",
-                        xytext=(0, 7 if seqs == 1 else -13), ha="center", fontsize=8)
+            both = seqs == 1 and run_name(r) == run_name(best[8])
+            text = (("best of both" if both else "best") if r is best[seqs]
+                    else f"{y:+.1f}%" if abs(y) < 10 else f"{y:+.0f}%")
+            ax.annotate(text, (xi, y), textcoords="offset points", ha="center", fontsize=8,
+                        xytext=(0, 8 if seqs == 1 else -8), va="bottom" if seqs == 1 else "top")
     ax.set_xticks(range(len(order)),
                   [f"{n}\n{r['collectives']} call{'s' if r['collectives'] > 1 else ''}"
                    for n, r in zip(order, real[1])], fontsize=8)
@@ -125,3 +127,18 @@ def bucket_sweep_figure(real: dict, best: dict):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+def flat_all_reduce(flat: dict, cluster) -> tuple[str, float]:
+    """The algorithm the emulated NCCL picks for flat's one all-reduce, and its bus bandwidth
+    (a ring's bytes per rank, ``2 (p-1)/p n``, over the measured time; nccl-tests' busbw)."""
+    algorithm, _ = cluster.collective_choice("all_reduce", flat["grad_bytes"], range(8))
+    return algorithm, 2 * 7 / 8 * flat["grad_bytes"] / flat["comm"]
+
+
+def kernels_per_bucket(real: dict, cluster) -> float:
+    """Backward's extra time per extra bucket, from 100 MiB to 1 MiB buckets at 1 sequence per
+    rank, in units of the emulated device's small-kernel time."""
+    b100, b1 = real[1][1], real[1][-2]
+    per_bucket = (b1["backward"] - b100["backward"]) / (b1["collectives"] - b100["collectives"])
+    return per_bucket / cluster.device.kernel_seconds

@@ -79,8 +79,8 @@ def draw_interleaved(schedule: Schedule, n_layers: int, layers=None):
 
 # Interleaved 1F1B's timeline: each kind in two clearly different shades, one per chunk,
 # chunk 0 light (black digits), chunk 1 dark (white digits).
-CHUNK_COLORS = {("F", 0): "#A9C4EB", ("F", 1): "#1B2E52", ("B", 0): "#F5C49C",
-                ("B", 1): "#8B3E12", ("W", 0): "#A8D8B0", ("W", 1): "#245C34"}
+CHUNK_COLORS = {("F", 0): "#6F9FE0", ("F", 1): "#1B2E52", ("B", 0): "#F39A4E",
+                ("B", 1): "#8B3E12", ("W", 0): "#7CCB8A", ("W", 1): "#245C34"}
 
 
 def draw_interleaved_timeline(ax, timeline: dict, title: str | None = None,
