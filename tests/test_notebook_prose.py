@@ -118,7 +118,7 @@ ALLOWED = [
      "emulated, asserted in appendix A2's section 6 (every error < 0.05; deterministic)"),
     ("08_hybrid_parallelism.ipynb", "steps differ by about 0.3%",
      "modelled, asserted after the planner's ranking (0.002 < top[-1] / top[0] - 1 < 0.004)"),
-    ("08_hybrid_parallelism.ipynb", "their MFU is 33.7%",
+    ("08_hybrid_parallelism.ipynb", "Their MFU is 33.7%",
      "formula: 140 TFLOP/s / 312 / (4/3), asserted after the MFU cell (0.336 < paper_mfu < 0.338)"),
     ("08_hybrid_parallelism.ipynb", "about 0.9% of a step's FLOPs",
      "formula, asserted after the planner's ranking (0.008 < scores_share < 0.01)"),
