@@ -114,8 +114,6 @@ ALLOWED = [
      "by < 2%)"),
     ("A2_the_emulated_cluster.ipynb", "lies within 5% of the emulated step",
      "emulated, asserted in section 6 (-0.026 < every error < 0.044; deterministic)"),
-    ("08_hybrid_parallelism.ipynb", "agrees with the dry run within 5%",
-     "emulated, asserted in appendix A2's section 6 (every error < 0.05; deterministic)"),
     ("08_hybrid_parallelism.ipynb", "steps differ by about 0.3%",
      "modelled, asserted after the planner's ranking (0.002 < top[-1] / top[0] - 1 < 0.004)"),
     ("08_hybrid_parallelism.ipynb", "Their MFU is 33.7%",
