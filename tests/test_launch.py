@@ -298,3 +298,28 @@ def test_same_rank_function_runs_under_torchrun():
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[rank 0] result: 3.0" in out.stdout and "[rank 1] result: 3.0" in out.stdout
+
+
+def _fails_to_connect_once(marker):
+    # the first call fails as gloo does when a peer closes its end while the ranks connect
+    if not os.path.exists(marker):
+        if dist.get_rank() == 0:
+            Path(marker).write_text("x")
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc] Connection closed by peer")
+    return dist.get_rank()
+
+
+def _counts_and_fails(counter):
+    if dist.get_rank() == 0:
+        with open(counter, "a") as f:
+            f.write("x")
+    raise RuntimeError("some other failure")
+
+
+def test_a_call_whose_ranks_fail_to_connect_runs_once_more(tmp_path):
+    marker = str(tmp_path / "tried")
+    assert lecture_lib.run(_fails_to_connect_once, 2, marker, timeout=60) == [0, 1]
+    counter = tmp_path / "calls"
+    with pytest.raises(lecture_lib.RankError, match="some other failure"):
+        lecture_lib.run(_counts_and_fails, 2, str(counter), timeout=60)
+    assert counter.read_text() == "x"              # any other failure: no second call

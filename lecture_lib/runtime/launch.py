@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
 import threading
 
 import cloudpickle
@@ -70,11 +71,29 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFA
     except Exception as exc:
         raise TypeError(f"cannot send fn and its arguments to the ranks: {exc}") from exc
 
+    for attempt in range(2):
+        try:
+            return _call(payload, world_size, backend, float(timeout))
+        except RankError as exc:
+            if attempt or _TRANSIENT not in str(exc):
+                raise
+            print(f"[lecture_lib] gloo could not connect the ranks ({_TRANSIENT}); running "
+                  "the call once more on fresh ranks", file=sys.stderr, flush=True)
+
+
+# Gloo pairs the ranks over TCP when a group is made; on a loaded machine a peer can close its
+# end while the ranks start (seen in CI at a DeviceMesh's first subgroup). Nothing ran yet that
+# the call's result depends on, so run() runs the call once more on a fresh pool.
+_TRANSIENT = "Gloo connectFullMesh failed"
+
+
+def _call(payload: bytes, world_size: int, backend: str, timeout: float) -> list:
+    """One call of the pool of ``world_size`` ranks; a failed call ends the pool."""
     with _LOCK:
         pool = _get_pool(world_size, backend)
         failed = True
         try:
-            results = pool.call(payload, float(timeout))
+            results = pool.call(payload, timeout)
             failed = False
         finally:
             _print_output(pool)
