@@ -192,10 +192,10 @@ def test_notebook_00_runs_in_the_browser_with_a_rank_cell(page, lab):
     ranks = page.locator(f"{PANEL} .jp-CodeCell", has_text="%%ranks 4 --in base --out total")
     ranks.scroll_into_view_if_needed()
     ranks.screenshot(path=str(SHOTS / "00_ranks_cell.png"))
-    # the %%ranks cell brings `where` back; the cell after it prints it
-    cell = page.locator(f"{PANEL} .jp-CodeCell", has_text='print("where:", where)')
+    # the %%ranks cell brings `total` back, one per rank; the cell after it prints it
+    cell = page.locator(f"{PANEL} .jp-CodeCell", has_text='print("total on each rank:", total)')
     shown = cell.locator(".jp-OutputArea-output").all_inner_texts()
-    assert any("(0, 4," in t and "(3, 4," in t for t in shown), shown
+    assert any("[10.0, 10.0, 10.0, 10.0]" in t for t in shown), shown
     check_saved(save_and_read(page, lab, "00_welcome.ipynb"))
 
 
