@@ -344,3 +344,23 @@ def test_the_clock_splits_kernel_time_by_operation():
         opt.step()
     assert set(clock.seconds_by_op) == {"optimizer step"}
     _close(clock.seconds_by_op["optimizer step"], clock.now())
+
+
+def test_kernel_time_sums_in_four_kinds():
+    """``seconds_by_kind``: matmuls, attention, the optimizer step and the rest, each kernel
+    counted once."""
+    q = torch.randn(1, 2, 16, 8)
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    opt = torch.optim.AdamW([w], fused=False, foreach=True)
+    with emulate.emulated("h100-node", launch="graphs") as clock:
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        (y @ w).relu().sum().backward()
+        opt.step()
+    kinds = emulate.seconds_by_kind(clock.seconds_by_op)
+    assert list(kinds) == ["matmuls", "attention", "optimizer step", "element-wise and copies"]
+    assert all(v > 0 for v in kinds.values())
+    _close(sum(kinds.values()), sum(clock.seconds_by_op.values()))
+    assert kinds["optimizer step"] == clock.seconds_by_op["optimizer step"]
+    matmuls = sum(v for op, v in clock.seconds_by_op.items() if op in ("mm", "bmm"))
+    assert kinds["matmuls"] == matmuls
+    assert emulate.seconds_by_kind({}) == dict.fromkeys(kinds, 0.0)

@@ -30,13 +30,14 @@ experiments that use it live with what they study (e.g.
 from ..metrics import set_clock_source as _set_clock_source
 from .clock import Clock, current
 from .comm import EmulatedWork, collective_seconds, p2p_seconds
-from .compute import ComputeMode, op_cost
+from .compute import ComputeMode, op_cost, seconds_by_kind
 from .nccl import Fabric
 from .presets import A100_SXM, FABRICS, H100_SXM, PRESETS, Cluster, Device, check_link, preset
 from .session import EmulatedResult, emulated, run
 
 __all__ = ["Clock", "current", "EmulatedWork", "collective_seconds", "p2p_seconds",
-           "ComputeMode", "op_cost", "Fabric", "FABRICS", "A100_SXM", "H100_SXM", "PRESETS",
+           "ComputeMode", "op_cost", "seconds_by_kind",
+           "Fabric", "FABRICS", "A100_SXM", "H100_SXM", "PRESETS",
            "Cluster", "Device",
            "check_link", "preset", "EmulatedResult", "emulated", "run", "label"]
 

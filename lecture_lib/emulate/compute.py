@@ -67,6 +67,27 @@ _SHAPES_ONLY = shape_wrapper(lambda *args, **kwargs: 0).__code__
 _TENSOR = torch.Tensor
 
 
+KINDS = ("matmuls", "attention", "optimizer step", "element-wise and copies")
+
+
+def seconds_by_kind(seconds_by_op: dict) -> dict:
+    """A clock's ``seconds_by_op`` summed in four kinds (:data:`KINDS`): the matmuls, the
+    attention kernels, the optimizer step, and every other kernel (layer norms, activations,
+    residual adds, copies: the work a GPU does at its memory bandwidth)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for op, seconds in seconds_by_op.items():
+        if op == "optimizer step":
+            kind = "optimizer step"
+        elif op in _MATMULS:
+            kind = "matmuls"
+        elif op.startswith("_scaled_dot_product") and "attention" in op:
+            kind = "attention"
+        else:
+            kind = "element-wise and copies"
+        out[kind] += seconds
+    return out
+
+
 class ComputeMode(TorchDispatchMode):
     """Charge each operation on ``clock``'s compute stream (while ``state.charging()``)."""
 

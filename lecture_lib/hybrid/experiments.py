@@ -146,7 +146,7 @@ def job_step(results: list[dict]) -> float:
 
 def _counters(clock) -> dict:
     return {"totals": dict(clock.totals), "bytes": dict(clock.bytes_by_kind),
-            "spans": len(clock.spans)}
+            "spans": len(clock.spans), "by_op": dict(clock.seconds_by_op)}
 
 
 def _since(clock, start: float, before: dict) -> dict:
@@ -154,7 +154,9 @@ def _since(clock, start: float, before: dict) -> dict:
     delta = {k: v - before["totals"].get(k, 0.0) for k, v in clock.totals.items()}
     sent = {k: v - before["bytes"].get(k, 0) for k, v in clock.bytes_by_kind.items()}
     spans = [(k, s - start, e - start, t) for k, s, e, t in clock.spans[before["spans"]:]]
-    return {"totals": delta, "bytes": {k: v for k, v in sent.items() if v}, "spans": spans}
+    by_op = {k: v - before["by_op"].get(k, 0.0) for k, v in clock.seconds_by_op.items()}
+    return {"totals": delta, "bytes": {k: v for k, v in sent.items() if v}, "spans": spans,
+            "by_op": {k: v for k, v in by_op.items() if v}}
 
 
 def time_at_scale(layouts: dict, cfg: GPTConfig, batch_size: int, preset="h100-node",
@@ -183,7 +185,9 @@ def scale_row(name: str, cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, bat
     FLOPs over the preset's bf16 dense peak), and on the rank that finished last:
     ``compute`` (its compute stream's busy seconds), ``comm`` (its communication stream's),
     ``exposed`` (the step less its compute: communication and waiting nothing hid),
-    ``spans`` (its timeline of the step) and ``bytes`` (by kind, every rank's summed)."""
+    ``compute_by_op`` (its kernels' seconds by operation, launch waits left out: what a GPU
+    profiler's table of kernels by name shows), ``spans`` (its timeline of the step) and
+    ``bytes`` (by kind, every rank's summed)."""
     step = job_step(results)
     slowest = max(results, key=lambda r: r["ends"][-1])["last"]
     busy = sum(v for k, v in slowest["totals"].items() if k not in ("comm", "idle"))
@@ -199,7 +203,8 @@ def scale_row(name: str, cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, bat
             "step_seconds": step, "tokens_per_s": tokens / step,
             "mfu": flops / (step * dims.world_size * cluster.device.bf16_flops),
             "compute": busy, "comm": slowest["totals"].get("comm", 0.0),
-            "exposed": max(step - busy, 0.0), "spans": slowest["spans"], "bytes": sent,
+            "exposed": max(step - busy, 0.0), "compute_by_op": slowest["by_op"],
+            "spans": slowest["spans"], "bytes": sent,
             "time_kind": emulate.label(cluster) + " (dry run)",
             "peak": f"{cluster.device.name} bf16 dense, {cluster.device.bf16_flops / 1e12:g} "
                     "TFLOP/s", "wall_seconds": wall_seconds}
