@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+
 from lecture_lib import metrics
 from lecture_lib.capstone import launches
 from lecture_lib.capstone.train import cpu_gpt
@@ -102,3 +104,35 @@ def compare_predictions(records: dict[str, dict], out_dir, title: str) -> tuple[
                "--png", str(png), "--title", title]
     shown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return shown, str(png)
+
+
+def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, fsdp4: dict,
+                            resharded: dict[str, dict], fail_at: int):
+    """Section 3's picture, two panels on one loss axis. Left: the ``ddp`` run killed at
+    ``fail_at`` and resumed (hollow circles) on the uninterrupted run (grey line). Right: FSDP on
+    4 ranks for the first half, then its checkpoint continued under each layout of ``resharded``,
+    on the same grey line."""
+    steps, first = len(uninterrupted), resumed["first_step"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
+    for ax in axes:
+        ax.plot(range(steps), uninterrupted, color="black", linewidth=3, alpha=0.3,
+                label="uninterrupted ddp 2")
+        ax.set_xlabel("step")
+    left, right = axes
+    left.plot(range(first, steps), resumed["losses"], "o", color="C3", markersize=9,
+              markerfacecolor="none", label="killed, resumed")
+    left.axvline(fail_at, color="C3", linestyle=":", label=f"SIGKILL, step {fail_at}")
+    left.axvline(first, color="0.5", linestyle="--", label=f"resumed from step {first}")
+    left.set_title("Killed and resumed: the same losses")
+    left.set_ylabel("training loss (nats/token)")
+    half = len(fsdp4["losses"])
+    right.plot(range(half), fsdp4["losses"], "s", color="C0", markersize=5, label="fsdp 4")
+    for i, (target, run) in enumerate(resharded.items()):   # a large hollow, a small filled
+        right.plot(range(half, steps), run["losses"], "^v"[i], color=f"C{i + 1}",
+                   markersize=[9, 4][i], markerfacecolor=["none", f"C{i + 1}"][i],
+                   label=f"then {target}")
+    right.set_title("Resharded at a checkpoint: the same losses")
+    for ax in axes:                                          # below each panel, off the data
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+    fig.subplots_adjust(bottom=0.36, wspace=0.08)
+    return fig

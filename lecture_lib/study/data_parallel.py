@@ -115,8 +115,11 @@ def bucket_sweep_figure(real: dict, best: dict):
             both = seqs == 1 and run_name(r) == run_name(best[8])
             text = (("best of both" if both else "best") if r is best[seqs]
                     else f"{y:+.1f}%" if abs(y) < 10 else f"{y:+.0f}%")
-            ax.annotate(text, (xi, y), textcoords="offset points", ha="center", fontsize=8,
-                        xytext=(0, 8 if seqs == 1 else -8), va="bottom" if seqs == 1 else "top")
+            steep = seqs == 1 and 0 < xi and slower[xi - 1] > y + 5   # a line falls into it
+            ax.annotate(text, (xi, y), textcoords="offset points", fontsize=8,
+                        ha="left" if steep else "center",               # steep: right of the marker
+                        xytext=(7, 4) if steep else (0, 8 if seqs == 1 else -8),
+                        va="bottom" if seqs == 1 else "top")
     ax.set_xticks(range(len(order)),
                   [f"{n}\n{r['collectives']} call{'s' if r['collectives'] > 1 else ''}"
                    for n, r in zip(order, real[1])], fontsize=8)

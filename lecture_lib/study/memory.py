@@ -29,7 +29,6 @@ from . import fmt
 
 MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
 MODEL, DP, TP, PP, STAGE = "Llama-style 70B", 4, 8, 2, 1
-GPT3_LAYOUT = {"dp": 8, "tp": 8, "pp": 16, "zero_stage": 1}  # notebook 08's (Narayanan et al.)
 
 
 def q2() -> list[str]:
@@ -58,22 +57,7 @@ def q3() -> list[str]:
             fmt(INFINIBAND_NDR.beta / 1e9, "GB/s"), fmt(r["seconds"], "s")]
 
 
-def gpt3_without_sp() -> dict:
-    """The calculator's GPT-3 layout per device, with and without sequence parallelism."""
-    shape = PRESETS["GPT-3 175B"]
-    return {sp: memory_per_device(shape, **GPT3_LAYOUT, microbatch_size=1, recompute="selective",
-                                  sequence_parallel=sp)
-            for sp in (True, False)}
-
-
-def q5() -> list[str]:
-    m = gpt3_without_sp()
-    return [fmt(m[True]["activations"] / 1e9, "GB"), fmt(m[False]["activations"] / 1e9, "GB"),
-            fmt(m[True]["total"] / 1e9, "GB"), fmt(m[False]["total"] / 1e9, "GB"),
-            fmt(m[False]["activations"] / m[True]["activations"], "times")]
-
-
-ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}
+ANSWERS = {"Q2": q2, "Q3": q3}
 
 
 def _span(r: dict, kind: str, unit: str, phase: str) -> tuple[float, float]:
@@ -103,7 +87,8 @@ def fsdp_timeline(on: dict, off: dict) -> dict:
     block 0 computes and block 0's backward one while block 1 computes (prefetch on, off);
     ``tok_emb_unhidden``: the rank waits for all of the token embedding's forward all-gather
     (first in forward) and for at least 95% of its backward re-gather (last in backward, issued
-    after the position embedding's brief backward).
+    after the position embedding's brief backward); ``busy_between_head_passes``: in both cases
+    the compute stream runs (the loss, in no unit) from the head's forward to its backward call.
     """
     b_on, b_off = blocked(on), blocked(off)
     hidden = [k for k in b_off if k[0].startswith("blocks.") and k != ("blocks.0", "forward")]
@@ -120,7 +105,14 @@ def fsdp_timeline(on: dict, off: dict) -> dict:
                    and in_flight_while_computing(r, "blocks.0", "blocks.1", "backward"))
             for name, r in (("on", on), ("off", off))},
         "tok_emb_unhidden": _tok_emb_unhidden(on),
+        "busy_between_head_passes": all(_busy_between_head_passes(r) for r in (on, off)),
     }
+
+
+def _busy_between_head_passes(r: dict) -> bool:
+    start = _span(r, "compute", "head", "forward")[1]
+    end = _span(r, "in flight", "head", "backward")[0]
+    return end > start and any(a <= start and b >= end for a, b in r["streams"]["compute"])
 
 
 def _tok_emb_unhidden(r: dict) -> bool:
@@ -131,7 +123,8 @@ def _tok_emb_unhidden(r: dict) -> bool:
 
 
 _SPAN_STATES = {"in flight": "in flight", "compute": "computing"}  # zero_shards.STATE_COLORS keys
-SPAN_LABELS = {"in flight": "all-gather in flight", "compute": "unit computing",
+SPAN_LABELS = {"in flight": "all-gather called,\nunit not yet computing",
+               "compute": "unit computing",
                "blocked": "rank blocked,\nwaiting for the all-gather"}
 
 
@@ -139,9 +132,10 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
     """Draw rank 0's FSDP timeline, one panel per case of ``zero.emulated.time_at_scale``.
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
-    bars show a unit's all-gather in flight, the unit computing and, narrower and outlined, the
-    rank blocked on the all-gather. ``titles`` names each case; the panel title adds the step,
-    the exposed time and its part in the blocks. Returns the figure.
+    bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
+    and, narrower and outlined, the rank blocked on the all-gather. ``titles`` names each case;
+    the panel title adds the step, the exposed time and its part in the blocks. Returns the
+    figure.
     """
     colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
     colors["blocked"] = "#F5A000"

@@ -2,7 +2,7 @@
 
 A picture of :func:`lecture_lib.context_parallel.ring.ring_schedule` (the same
 schedule the ring runs): one row per step, one column per rank; a cell names the
-rank whose K/V block is held and the chunk pairs attended, greyed out when the
+rank whose K/V block is held and the chunk pairs attended (one a line), greyed out when the
 causal mask skips every pair (the block is only passed on).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ def cell_labels(cp: int, layout: str = "zigzag", causal: bool = True) -> list[li
         texts = []
         for rank, cell in enumerate(row):
             mine, theirs = rank_chunks(rank, cp, layout), rank_chunks(cell["source"], cp, layout)
-            pairs = " ".join(f"q{mine[i]}k{theirs[j]}{'*' if kind == 'diag' else ''}"
+            pairs = "\n".join(f"q{mine[i]}k{theirs[j]}{'*' if kind == 'diag' else ''}"
                              for i, j, kind in cell["pairs"]) or "skipped"
             texts.append(f"K/V of rank {cell['source']}\n{pairs}")
         labels.append(texts)
