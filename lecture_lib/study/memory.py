@@ -109,6 +109,22 @@ def fsdp_timeline(on: dict, off: dict) -> dict:
     }
 
 
+def outside_units(r: dict) -> dict:
+    """Rank 0's stretches in no unit, in seconds since the step's start: ``loss`` (from the
+    head's forward to its backward all-gather call: the loss forward and backward),
+    ``reduce_scatter`` (from the last unit's compute to the end of the compute stream's last
+    wait: the last gradient reduce-scatter) and ``optimizer`` (from there to the step's end)."""
+    last = max(b for k, *_, a, b in r["unit_spans"] if k == "compute")
+    waits = [b for a, b in r["streams"]["idle"] if b > last]
+    opt = max(waits, default=last)
+    return {"loss": (_span(r, "compute", "head", "forward")[1],
+                     _span(r, "in flight", "head", "backward")[0]),
+            "reduce_scatter": (last, opt), "optimizer": (opt, r["step"]),
+            "tail_waits_on": sorted({k for k, c, d in r["streams"]["wire"]
+                                     for a, b in r["streams"]["idle"]
+                                     if b > last and min(b, d) > max(a, c)})}
+
+
 def _busy_between_head_passes(r: dict) -> bool:
     start = _span(r, "compute", "head", "forward")[1]
     end = _span(r, "in flight", "head", "backward")[0]
@@ -133,7 +149,8 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
     bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
-    and, narrower and outlined, the rank blocked on the all-gather. ``titles`` names each case;
+    and, narrower and outlined, the rank blocked on the all-gather; light bands mark the
+    stretches in no unit (:func:`outside_units`). ``titles`` names each case;
     the panel title adds the step, the exposed time and its part in the blocks. Returns the
     figure.
     """
@@ -150,6 +167,14 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
                     height=height, color=colors[kind], label=SPAN_LABELS[kind],
                     edgecolor="#8A4B00" if kind == "blocked" else "none", lw=1.2)
         ax.axvline(r["step"] * 1e3, color="0.3", ls=":", lw=1, label="end of the step")
+        out = outside_units(r)
+        for name, text, rot in (("loss", "loss,\nin no unit", 0),
+                                ("optimizer", "last reduce-scatter,\noptimizer step", 90)):
+            a = out["reduce_scatter"][0] if name == "optimizer" else out[name][0]
+            b = out[name][1]
+            ax.axvspan(a * 1e3, b * 1e3, color="0.9", zorder=0, lw=0)
+            ax.text((a + b) / 2 * 1e3, (len(rows) - 1) / 2, text, rotation=rot, ha="center",
+                    va="center", fontsize=8, color="0.3")
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
         in_blocks = sum(b - a for k, u, *_, a, b in spans

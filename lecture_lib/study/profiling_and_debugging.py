@@ -5,11 +5,6 @@ smaller messages take longer in all, yet the step is shorter; and what if the li
 from __future__ import annotations
 
 import math
-import os
-
-import torch
-from torch.nn.parallel import DistributedDataParallel
-from torch.profiler import ProfilerActivity, profile
 
 import lecture_lib
 
@@ -17,7 +12,6 @@ from .. import emulate, observe, profiling
 from ..costmodel import pipeline_bubble
 from ..data_parallel.ddp import DDPBucketed
 from ..metrics import Timer, now
-from ..models import GPT, GPTConfig, MarkovText
 from ..profiling import diagnose
 from . import fmt
 
@@ -195,32 +189,6 @@ def _copy_back(preset, steps, kwargs):
     finally:
         DDPBucketed.finish_gradient_synchronization = finish
     return out
-
-
-def real_trace(world: int = 2, rows: int = 6) -> tuple[str, set[str]]:
-    """One real step of a tiny GPT with PyTorch's DDP on ``world`` CPU ranks, recorded by
-    ``torch.profiler`` on every rank. Returns rank 0's ``key_averages()`` table, its ``rows``
-    operators with the most self CPU time, and the names of every event it recorded."""
-    return lecture_lib.run(_real_trace, world, rows, timeout=120)[0]
-
-
-def _real_trace(rows):
-    cfg = GPTConfig(d_model=64, n_layers=2, seq_len=32, n_heads=2)
-    torch.manual_seed(0)
-    model = DistributedDataParallel(GPT(cfg))
-    batch = MarkovText(cfg.vocab_size, cfg.seq_len).batch(0, 4)
-    model(*batch).backward()                                     # warm-up step, not recorded
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)   # silence the profiler's C++ log
-    os.dup2(null, 2)
-    try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(*batch).backward()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
-    return table, {e.key for e in prof.key_averages()}
 
 
 def phase_extent(spans, phase: str) -> tuple[float, float]:

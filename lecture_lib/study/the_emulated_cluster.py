@@ -9,6 +9,7 @@
   the emulated H100 node (``bucket_cap_mb=25``: torch multiplies it by 2**20, so 25 MiB;
   ``lecture_lib.emulate.nccl``: the Simple ring pays a latency per step, ``2 (p-1)`` steps;
   NVLS one fixed latency; both move the same bus bytes).
+* The figures of sections 1 and 2 (plotting only): ``plot_matmul_rates``, ``plot_all_reduce``.
 * Q4 (what if): a step of tiny kernels on the emulated H100, eager and with CUDA graphs:
   the host spends ``launch_seconds`` per kernel, the GPU ``kernel_seconds`` per kernel and a
   matmul's ``matmul_fill_seconds`` more; the slower side sets the step.
@@ -18,10 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from ..emulate import FABRICS, H100_SXM, nccl
 from ..emulate.kernels import busy_share, matmul_tiles
+from ..figures import plots
 from . import fmt
 
 TOKENS, WIDTH = 8 * 1024, 768                 # GPT-2 small, 8 sequences per rank
@@ -86,6 +90,68 @@ def q4() -> list[str]:
     assert r["host"] > r["gpu"]
     return [fmt(r["host"] * 1e3, "ms"), fmt(r["gpu"] * 1e3, "ms"),
             f"{r['eager'] / r['graphs']:.2f}x"]
+
+
+def plot_matmul_rates(charged: dict, rate: float, bandwidth: float, stamp: str):
+    """Section 1's figure: each matmul's charged rate against the roofline at the achieved
+    ``rate`` and ``bandwidth``; forward and weight gradients in two panels."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    intensity = np.logspace(1.5, 3.2, 200)
+    for ax, grad in zip(axes, (False, True)):
+        ax.plot(intensity, np.minimum(rate, intensity * bandwidth) / 1e12, "-", color="0.2",
+                label="roofline at the achieved rates")
+        for model, color, marker in (("small GPT", plots.COLORS["compute"], "o"),
+                                     ("GPT-2 small", plots.COLORS["backward"], "s")):
+            points = [c for (m, n), c in charged.items()
+                      if m == model and n.endswith("grad") == grad]
+            ax.plot([c["intensity"] for c in points], [c["rate"] / 1e12 for c in points], marker,
+                    ms=8, color=color, ls="none", label=model)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plots.plain_log_ticks(ax.xaxis, *ax.get_xlim())
+        ax.set_xlabel("arithmetic intensity F / M (FLOPs per byte)")
+        ax.set_title("weight gradients" if grad else "forward", fontsize=10)
+    plots.plain_log_ticks(axes[0].yaxis, 10, 1000, outer=True)
+    axes[0].set_ylabel("bf16 matmul rate (TFLOP/s)")
+    fig.suptitle("bf16 matmuls on an H100: charged rate against the roofline", fontsize=11)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    plots.stamp(fig, text=stamp)
+    return fig
+
+
+def plot_all_reduce(sizes, picked: dict, switch: dict, ideal, beta: float, stamp: str):
+    """Section 2's figure: NCCL's pick with and without NVLS (``picked``: per size, the
+    (algorithm, seconds) pair; ``switch``: where each first changes algorithm) against the
+    roofline's alpha-beta ring (``ideal`` seconds, ``beta`` bytes/s)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    us = {k: np.array([s for _, s in v]) * 1e6 for k, v in picked.items()}
+    for k, style, color, offset in (("with NVLS", "-o", plots.COLORS["comm"], (-95, 25)),
+                                    ("without NVLS", "--s", plots.COLORS["W"], (-110, 45))):
+        ax.plot(sizes, us[k], style, ms=4, color=color, mfc=color if k == "with NVLS" else "none",
+                label=f"NCCL's pick, {k}")
+        _, first_size, _, b = switch[k]
+        i = list(sizes).index(first_size)
+        ax.annotate(f"{b} from here", (first_size, us[k][i]), xytext=offset,
+                    textcoords="offset points", fontsize=8, color=color,
+                    arrowprops=dict(arrowstyle="->", color=color))
+    ax.text(sizes[1], us["with NVLS"][1] * 0.55, "both: ring/LL below the crossover", fontsize=8,
+            color="0.3")
+    ax.plot(sizes, np.asarray(ideal) * 1e6, ":", color="0.4", zorder=1,
+            label=f"roofline: alpha-beta ring,\nbeta {beta / 1e9:.0f} GB/s (cost model)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    plots.plain_log_ticks(ax.yaxis, 5, 2e4, mantissas=(1, 3), outer=True)
+    ticks = 2.0 ** np.arange(10, 33, 5)
+    ax.set_xticks(ticks, [f"{t / 2**30:g} GiB" if t >= 2**30 else f"{t / 2**20:g} MiB" if t >= 2**20
+                         else f"{t / 2**10:g} KiB" for t in ticks])
+    ax.set_xlabel("all-reduce size (bytes per rank)")
+    ax.set_ylabel("time (us)")
+    ax.set_title("one all-reduce on 8 H100s: NCCL's pick against the cost model's ring")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    plots.stamp(fig, text=stamp)
+    return fig
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q4": q4}
