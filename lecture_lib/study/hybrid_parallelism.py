@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
@@ -15,6 +16,7 @@ from .. import emulate
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
 from ..dims import ParallelDims, Recipe
+from ..figures import plots
 from ..hybrid import parallelize
 from ..mesh import RankGrid, grid_coordinates, grid_groups
 from ..metrics import model_flops_per_token, training_days
@@ -140,3 +142,31 @@ def adamw_step_seconds(parameters: float, preset: str = "a100-node") -> float:
         before = clock.seconds_by_op.get("optimizer step", 0.0)
         optimizer.step()
         return clock.seconds_by_op["optimizer step"] - before
+
+
+def waits_figure(waits: dict[str, float], one_node: list[str]):
+    """Section 5's figure: each layout's waiting per step (ms, log scale), the layouts in
+    ``one_node`` on one 8-GPU node, the rest (tp 8) on two nodes of 4 GPUs."""
+    fig, ax = plt.subplots(figsize=(10, 2.9))
+    two_nodes = [n for n in waits if n not in one_node]
+    for where, names, color, mark in (
+            ("one node of 8 GPUs (NVLink)", one_node, plots.COLORS["comm"], "o"),
+            ("two nodes of 4 GPUs\n(InfiniBand between)", two_nodes, "#8172B3", "s")):
+        ys = [list(waits).index(n) for n in names]
+        ax.hlines(ys, 1, [waits[n] for n in names], color="0.85", zorder=1)
+        ax.plot([waits[n] for n in names], ys, mark, ms=8, color=color, ls="none", label=where)
+    for y, v in enumerate(waits.values()):
+        ax.annotate(f"{v:.0f} ms", (v, y), xytext=(8, 0), textcoords="offset points", va="center",
+                    fontsize=8)
+    ax.set_xscale("log")
+    plots.plain_log_ticks(ax.xaxis, 2, 2 * max(waits.values()), outer=True)
+    ax.set_yticks(range(len(waits)), list(waits))
+    ax.invert_yaxis()
+    ax.set_xlabel("waiting per step: communication, bubble (ms, emulated; log scale)")
+    ax.set_title(f"GPT-2 medium: dp 8 waits least, tp 8 most; across two nodes tp 8 waits "
+                 f"{waits['tp 8, two nodes'] / waits['tp 8']:.1f} times as long", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    plots.stamp(fig, text="emulated: 8 x H100 (h100-node, or nodes of 4 GPUs joined by "
+                "InfiniBand), dry run of the real code")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig

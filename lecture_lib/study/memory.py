@@ -139,6 +139,8 @@ def _tok_emb_unhidden(r: dict) -> bool:
 
 
 _SPAN_STATES = {"in flight": "in flight", "compute": "computing"}  # zero_shards.STATE_COLORS keys
+OUTSIDE_LABEL = ("outside any unit: the loss;\nthen the last reduce-scatter,\n"
+                 "final LayerNorm's all-reduce\nand optimizer step")
 SPAN_LABELS = {"in flight": "all-gather called,\nunit not yet computing",
                "compute": "unit computing",
                "blocked": "rank blocked,\nwaiting for the all-gather"}
@@ -149,8 +151,8 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
     bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
-    and, narrower and outlined, the rank blocked on the all-gather; light bands mark the
-    stretches in no unit (:func:`outside_units`). ``titles`` names each case;
+    and, narrower and outlined, the rank blocked on the all-gather; grey bands, one legend
+    entry, mark the stretches in no unit (:func:`outside_units`). ``titles`` names each case;
     the panel title adds the step, the exposed time and its part in the blocks. Returns the
     figure.
     """
@@ -168,13 +170,10 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
                     edgecolor="#8A4B00" if kind == "blocked" else "none", lw=1.2)
         ax.axvline(r["step"] * 1e3, color="0.3", ls=":", lw=1, label="end of the step")
         out = outside_units(r)
-        for name, text, rot in (("loss", "loss,\nin no unit", 0),
-                                ("optimizer", "last reduce-scatter,\noptimizer step", 90)):
+        for name in ("loss", "optimizer"):
             a = out["reduce_scatter"][0] if name == "optimizer" else out[name][0]
-            b = out[name][1]
-            ax.axvspan(a * 1e3, b * 1e3, color="0.9", zorder=0, lw=0)
-            ax.text((a + b) / 2 * 1e3, (len(rows) - 1) / 2, text, rotation=rot, ha="center",
-                    va="center", fontsize=8, color="0.3")
+            ax.axvspan(a * 1e3, out[name][1] * 1e3, color="0.9", zorder=0, lw=0,
+                       label=OUTSIDE_LABEL)
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
         in_blocks = sum(b - a for k, u, *_, a, b in spans
@@ -184,7 +183,8 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
                      fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    unique["end of the step"] = unique.pop("end of the step")               # last in the legend
+    for last in (OUTSIDE_LABEL, "end of the step"):                        # last in the legend
+        unique[last] = unique.pop(last)
     axes[0].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
                    fontsize=8)
     axes[-1].set_xlabel("emulated time since the step's start (ms)")

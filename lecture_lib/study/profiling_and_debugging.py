@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.patches import Patch, Rectangle
+
 import lecture_lib
 
 from .. import emulate, observe, profiling
 from ..costmodel import pipeline_bubble
 from ..data_parallel.ddp import DDPBucketed
+from ..figures import plots
 from ..metrics import Timer, now
 from ..profiling import diagnose
 from . import fmt
@@ -195,3 +200,51 @@ def phase_extent(spans, phase: str) -> tuple[float, float]:
     """First start and last end of ``phase``'s kernels in :func:`step_spans`' output (seconds)."""
     inside = [(a, b) for k, a, b in spans if k == phase]
     return min(a for a, _ in inside), max(b for _, b in inside)
+
+
+def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us: float = 60.0):
+    """Section 2's figure: rank 0's step (kernels by phase above, all-reduces below in alternating
+    shades so each can be counted), and under it ``zoom_us`` of the copy back around the last
+    all-reduce's end, where the kernels and the launch waits between them are wide enough to see.
+    Returns (fig, (zoom start, zoom end) in µs)."""
+    us = [(k, 1e6 * a, 1e6 * b) for k, a, b in spans]
+    z0 = max(b for k, _, b in us if k == "comm") - zoom_us / 3
+    zoom = (z0, z0 + zoom_us)
+    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 4.4), height_ratios=(1, 0.8))
+    pale = "#F0B4B5"
+    for ax in (top, low):
+        n = 0
+        for k, a, b in us:
+            if k == "comm":
+                ax.barh(1, b - a, left=a, height=0.6, color=(comm_color, pale)[n % 2], lw=0)
+                n += 1
+            else:
+                ax.barh(0, b - a, left=a, height=0.6, color=phases[k], lw=0)
+        ax.set_yticks([0, 1], ["kernels", "all-reduces"])
+        ax.set_ylim(1.6, -0.6)
+    top.set_xlim(0, 1e6 * step_seconds)
+    top.add_patch(Rectangle((zoom[0], -0.45), zoom_us, 1.9, fill=False, lw=1, ec="k"))
+    top.text(zoom[0] - 6, 0.5, "zoomed below", ha="right", va="center", fontsize=8)
+    n = sum(k == "comm" for k, _, _ in us)
+    top.set_title(f"bucketed DDP, rank 0: {n} all-reduces, the last ends in the copy back")
+    low.set_xlim(*zoom)
+    low.set_title("the copy back, zoomed: a kernel per parameter, a launch wait (white) between "
+                  "them", fontsize=9)
+    low.set_xlabel("emulated time from the step's start (µs)")
+    handles = [Patch(color=c) for c in phases.values()]
+    handles.append((Patch(color=comm_color), Patch(color=pale)))
+    top.legend(handles, [*phases, "all-reduces (shades\nalternate)"], fontsize=8, loc="upper left",
+               bbox_to_anchor=(1.01, 1.0), handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
+    plots.stamp(fig, text="emulated H100s in two nodes (InfiniBand)")
+    fig.tight_layout()
+    return fig, zoom
+
+
+def diagnose_row(r: dict, overlapped: bool):
+    """:func:`~lecture_lib.profiling.diagnose` of one row of
+    :func:`~lecture_lib.data_parallel.emulated.time_at_scale`: exposed share ``exposed / step``,
+    busy share the kernels' running time ``forward + backward + optimizer - launch_waits`` over
+    the step, the collectives all-reduces."""
+    busy = (r["forward"] + r["backward"] + r["optimizer"] - r["launch_waits"]) / r["step"]
+    return diagnose(r["exposed"] / r["step"], busy, comm_kinds={"all_reduce"},
+                    overlapped=overlapped)

@@ -92,6 +92,41 @@ def q4() -> list[str]:
             f"{r['eager'] / r['graphs']:.2f}x"]
 
 
+PARTS = {"all-reduce": "NCCL collectives", "InfiniBand": "NCCL collectives", "GEMM": "matmuls",
+         "HBM": "memory copies", "FA2": "attention", "llm.c": "a whole step"}
+
+
+def part(row: dict) -> str:
+    """Which part of the emulation a row of ``published.table()`` measures."""
+    return next(name for key, name in PARTS.items() if key in row["anchor"])
+
+
+def plot_checks(table: list[dict], stamp: str):
+    """The opening figure: each check (a row not fitted) as emulated / published - 1, coloured
+    by the part of the emulation it checks, against a check's 15% tolerance."""
+    checks = [r for r in table if not r["fitted"]]
+    fig, ax = plt.subplots(figsize=(7.5, 0.26 * len(checks) + 1.4))
+    y = np.arange(len(checks))[::-1]
+    ax.axvspan(-15, 15, color="0.92", label="a check's tolerance, 15%")
+    palette = [plots.COLORS[k] for k in ("comm", "compute", "optimizer", "backward", "W")]
+    colors = dict(zip(dict.fromkeys(PARTS.values()), palette))
+    for name, color in colors.items():
+        rows = [(r, yi) for r, yi in zip(checks, y) if part(r) == name]
+        if rows:
+            ax.plot([100 * r["error"] for r, _ in rows], [yi for _, yi in rows], "o", color=color,
+                    ls="none", label=name)
+    ax.axvline(0, color="0.4", lw=0.8)
+    ax.set_yticks(y, [r["anchor"] for r in checks], fontsize=9)
+    ax.set_xlim(-25, 25)
+    ax.set_xlabel("emulated / published - 1 (%)")
+    ax.set_title(f"the emulated GPUs against {len(checks)} published measurements\n"
+                 "the constants were not fitted to", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    plots.stamp(fig, text=stamp)
+    return fig
+
+
 def plot_matmul_rates(charged: dict, rate: float, bandwidth: float, stamp: str):
     """Section 1's figure: each matmul's charged rate against the roofline at the achieved
     ``rate`` and ``bandwidth``; forward and weight gradients in two panels."""

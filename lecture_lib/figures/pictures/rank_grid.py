@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
+from matplotlib.legend_handler import HandlerBase
+from matplotlib.lines import Line2D
 
 from ...mesh import check_grid, grid_coordinates, grid_groups
 
@@ -114,6 +116,21 @@ def _draw_dp_badges(ax, groups: list[list[int]], g: int) -> None:
                     fontsize=8, color="white", fontweight="bold", zorder=6)
 
 
+class _BadgesHandler(HandlerBase):
+    """The dp badges' legend handle: three lettered discs in three colours, as on the grid."""
+
+    def create_artists(self, legend, orig_handle, xdescent, ydescent, width, height, fontsize,
+                       trans):
+        cmap, artists = plt.get_cmap("tab10"), []
+        for k in range(3):
+            x, y = -xdescent + width * (k + 0.5) / 3, -ydescent + height / 2
+            artists += [Line2D([x], [y], marker="o", ms=10, color=cmap(k), ls="none",
+                               transform=trans),
+                        Line2D([x], [y], marker=f"$\\mathregular{{{chr(ord('A') + k)}}}$", ms=6,
+                               color="white", ls="none", transform=trans)]
+        return artists
+
+
 def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
     """Draw the grid on its nodes; returns ``(fig, layout)`` (:func:`rank_grid_layout`)."""
     layout = rank_grid_layout(dims, gpus_per_node)
@@ -157,7 +174,10 @@ def draw_rank_grid(dims: dict[str, int], gpus_per_node: int, ax=None):
     shape = " x ".join(f"{d}={s}" for d, s in dims.items())
     ax.set_title(f"{shape} on nodes of {g} GPUs (rank order: last dimension fastest)",
                  fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    badges = {h: _BadgesHandler() for h, lab in zip(*ax.get_legend_handles_labels())
+              if lab.startswith("dp group")}
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, handlelength=3.5,
+              handler_map=badges)
     return ax.figure, layout
 
 
