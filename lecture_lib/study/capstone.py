@@ -20,6 +20,8 @@ import matplotlib.pyplot as plt
 
 from lecture_lib import metrics
 from lecture_lib.capstone import launches
+from lecture_lib.capstone.experiments import DEFAULT_RUNS
+from lecture_lib.capstone.report import format_table
 from lecture_lib.capstone.train import cpu_gpt
 from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
 from lecture_lib.models import REAL_SIZE
@@ -76,6 +78,19 @@ def q5() -> list[str]:
 
 
 ANSWERS = {"Q2": q2, "Q3": q3, "Q5": q5}
+
+
+def strategy_runs(val_tokens) -> dict[str, dict]:
+    """``experiments.DEFAULT_RUNS`` (one process, then each strategy on 2 ranks, 3d on 4), the
+    one-process run also scoring the validation tokens at ``val_tokens``."""
+    one = dict(DEFAULT_RUNS["1 process"], val_tokens=str(val_tokens))
+    return {**DEFAULT_RUNS, "1 process": one}
+
+
+def prediction_table(predicted: dict[str, dict]) -> str:
+    """The rows of ``report.format_table`` for the records ``{strategy: record}``, without its
+    last line (the settings, which the notebook prints itself)."""
+    return "\n".join(format_table(list(predicted.values())).splitlines()[:-1])
 
 
 def collective_calls(run: dict, rank: int = 0) -> dict[str, tuple[int, float]]:

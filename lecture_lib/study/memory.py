@@ -139,22 +139,22 @@ def _tok_emb_unhidden(r: dict) -> bool:
 
 
 _SPAN_STATES = {"in flight": "in flight", "compute": "computing"}  # zero_shards.STATE_COLORS keys
-OUTSIDE_LABEL = ("outside any unit: the loss;\nthen the last reduce-scatter,\n"
-                 "final LayerNorm's all-reduce\nand optimizer step")
-SPAN_LABELS = {"in flight": "all-gather called,\nunit not yet computing",
+OUTSIDE_LABEL = "outside any unit (see text)"
+SPAN_LABELS = {"in flight": "all-gather in flight",
                "compute": "unit computing",
-               "blocked": "rank blocked,\nwaiting for the all-gather"}
+               "blocked": "rank blocked on the all-gather"}
 
 
-def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"), stamp: str = ""):
+def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"), stamp: str = "",
+                       title: str = ""):
     """Draw rank 0's FSDP timeline, one panel per case of ``zero.emulated.time_at_scale``.
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
     bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
     and, narrower and outlined, the rank blocked on the all-gather; grey bands, one legend
     entry, mark the stretches in no unit (:func:`outside_units`). ``titles`` names each case;
-    the panel title adds the step, the exposed time and its part in the blocks. Returns the
-    figure.
+    the panel title adds the step, the exposed time and its part in the blocks; ``title``, if
+    given, heads the figure. Returns the figure.
     """
     colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
     colors["blocked"] = "#F5A000"
@@ -186,7 +186,9 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
     for last in (OUTSIDE_LABEL, "end of the step"):                        # last in the legend
         unique[last] = unique.pop(last)
     axes[0].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                   fontsize=8)
+                   fontsize=8, handlelength=1.5)
+    if title:
+        fig.suptitle(title, fontsize=11)
     axes[-1].set_xlabel("emulated time since the step's start (ms)")
     axes[-1].set_xlim(left=0)
     if stamp:
