@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
-from .. import emulate
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
 from ..dims import ParallelDims, Recipe
@@ -128,20 +127,6 @@ def gradient_norms(cfg, dims, recipe, batch):
     return {"coords": grid.coords, "own": sum(squares.values()) ** 0.5,
             "global": once.item() ** 0.5, "every": every.item() ** 0.5}
 
-
-def adamw_step_seconds(parameters: float, preset: str = "a100-node") -> float:
-    """Seconds of one AdamW step on ``parameters`` fp32 parameters of one GPU of ``preset``,
-    in the dry run: torch's AdamW on a fake tensor, charged the emulated GPU's kernels
-    (the foreach code path of notebooks 02, 03 and 10). The second step is timed (the first
-    creates the moments)."""
-    with emulate.emulated(preset, dry_run=True, launch="graphs") as clock:
-        weight = torch.nn.Parameter(torch.empty(int(parameters)))
-        weight.grad = torch.empty_like(weight)
-        optimizer = torch.optim.AdamW([weight])
-        optimizer.step()
-        before = clock.seconds_by_op.get("optimizer step", 0.0)
-        optimizer.step()
-        return clock.seconds_by_op["optimizer step"] - before
 
 
 def waits_figure(waits: dict[str, float], one_node: list[str]):

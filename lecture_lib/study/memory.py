@@ -139,7 +139,7 @@ def _tok_emb_unhidden(r: dict) -> bool:
 
 
 _SPAN_STATES = {"in flight": "in flight", "compute": "computing"}  # zero_shards.STATE_COLORS keys
-OUTSIDE_LABEL = "outside any unit (see text)"
+OUTSIDE_LABEL = "outside any unit: loss, last collectives, optimizer"
 SPAN_LABELS = {"in flight": "all-gather in flight",
                "compute": "unit computing",
                "blocked": "rank blocked on the all-gather"}

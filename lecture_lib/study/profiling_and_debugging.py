@@ -230,7 +230,8 @@ def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us
     low.set_xlim(*zoom)
     low.set_title("the copy back, zoomed: a kernel per parameter, a launch wait (white) between "
                   "them", fontsize=9)
-    low.set_xlabel("emulated time from the step's start (µs)")
+    for ax in (top, low):
+        ax.set_xlabel("emulated time from the step's start (µs)", fontsize=8)
     handles = [Patch(color=c) for c in phases.values()]
     handles.append((Patch(color=comm_color), Patch(color=pale)))
     top.legend(handles, [*phases, "all-reduces (shades\nalternate)"], fontsize=8, loc="upper left",
