@@ -65,7 +65,8 @@ def q3() -> list[str]:
 def q4() -> list[str]:
     r = hiding_threshold()
     return [f"{r['buckets']} buckets", fmt(r["t_comm"] * 1e3, "ms"), fmt(r["t_last"] * 1e6, "us"),
-            fmt(r["per_token"] * 1e6, "us"), f"{math.ceil(r['tokens']):,} tokens"]
+            fmt(r["per_token"] * 1e6, "us"), f"{math.ceil(r['tokens']):,} tokens",
+            fmt(NVLINK_H100.beta / 1e9, "GB/s")]                  # the ring the answer assumes
 
 
 def q5() -> list[str]:
@@ -138,10 +139,3 @@ def flat_all_reduce(flat: dict, cluster) -> tuple[str, float]:
     algorithm, _ = cluster.collective_choice("all_reduce", flat["grad_bytes"], range(8))
     return algorithm, 2 * 7 / 8 * flat["grad_bytes"] / flat["comm"]
 
-
-def kernels_per_bucket(real: dict, cluster) -> float:
-    """Backward's extra time per extra bucket, from 100 MiB to 1 MiB buckets at 1 sequence per
-    rank, in units of the emulated device's small-kernel time."""
-    b100, b1 = real[1][1], real[1][-2]
-    per_bucket = (b1["backward"] - b100["backward"]) / (b1["collectives"] - b100["collectives"])
-    return per_bucket / cluster.device.kernel_seconds

@@ -222,8 +222,18 @@ def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us
                 ax.barh(0, b - a, left=a, height=0.6, color=phases[k], lw=0)
         ax.set_yticks([0, 1], ["kernels", "all-reduces"])
         ax.set_ylim(1.6, -0.6)
+    top.set_ylim(1.6, -1.3)                  # room above the kernels for each phase's extent
+    for k, color in phases.items():          # a bracket per phase: short phases stay visible
+        a, b = (1e6 * t for t in phase_extent(spans, k))
+        top.plot([a, a, b, b], [-0.4, -0.5, -0.5, -0.4], color=color, lw=1.5, clip_on=False)
+        if k == "optimizer":                 # too short to label above: named beside the axes
+            top.text(b + 8, 0, "\u2190 optimizer", ha="left", va="center", fontsize=8,
+                     clip_on=False)
+        else:
+            top.text((a + b) / 2, -0.6, k.replace(" the gradients", ""), ha="center", va="bottom",
+                     fontsize=8)
     top.set_xlim(0, 1e6 * step_seconds)
-    top.add_patch(Rectangle((zoom[0], -0.45), zoom_us, 1.9, fill=False, lw=1, ec="k"))
+    top.add_patch(Rectangle((zoom[0], -0.38), zoom_us, 1.83, fill=False, lw=1, ec="k"))
     top.text(zoom[0] - 6, 0.5, "zoomed below", ha="right", va="center", fontsize=8)
     n = sum(k == "comm" for k, _, _ in us)
     top.set_title(f"bucketed DDP, rank 0: {n} all-reduces, the last ends in the copy back")
@@ -232,10 +242,9 @@ def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us
                   "them", fontsize=9)
     for ax in (top, low):
         ax.set_xlabel("emulated time from the step's start (µs)", fontsize=8)
-    handles = [Patch(color=c) for c in phases.values()]
-    handles.append((Patch(color=comm_color), Patch(color=pale)))
-    top.legend(handles, [*phases, "all-reduces (shades\nalternate)"], fontsize=8, loc="upper left",
-               bbox_to_anchor=(1.01, 1.0), handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
+    top.legend([(Patch(color=comm_color), Patch(color=pale))], ["all-reduces (shades\nalternate)"],
+               fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+               handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
     plots.stamp(fig, text="emulated H100s in two nodes (InfiniBand)")
     fig.tight_layout()
     return fig, zoom
