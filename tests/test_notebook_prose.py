@@ -104,6 +104,8 @@ ALLOWED = [
     ("A2_the_emulated_cluster.ipynb", "at 4 and 8 MiB and less from 16 MiB on",
      "emulated, asserted after the all-reduce cell (with NVLS dearer at exactly 4 and 8 MiB, "
      "by < 2%)"),
+    ("08_hybrid_parallelism.ipynb", "AdamW step 8.6 ms",
+     "emulated (deterministic), asserted after the AdamW printout (8.55e-3 < opt_step < 8.65e-3)"),
     ("08_hybrid_parallelism.ipynb", "halve tp and are about 2% slower",
      "modelled, asserted after the planner's ranking (1.015 < sixth layout / fastest < 1.025)"),
     ("08_hybrid_parallelism.ipynb", "frees over 40% of the activations",

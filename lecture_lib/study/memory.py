@@ -151,21 +151,22 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
     bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
-    and, narrower and outlined, the rank blocked on the all-gather; grey bands, one legend
+    and, below them, narrower and outlined, the rank blocked on the all-gather; each panel spans
+    its own step; grey bands, one legend
     entry, mark the stretches in no unit (:func:`outside_units`). ``titles`` names each case;
     the panel title adds the step, the exposed time and its part in the blocks; ``title``, if
     given, heads the figure. Returns the figure.
     """
     colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
     colors["blocked"] = "#F5A000"
-    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6), sharex=True)
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6))
     for ax, case in zip(axes, cases):
         r = at[case]
         spans = r["unit_spans"]
         rows = list(dict.fromkeys(u for _, u, *_ in spans))
         for kind, unit, _phase, a, b in spans:
-            y, height = rows.index(unit), (0.4 if kind == "blocked" else 0.75)
-            ax.barh(y + (0.2 if kind == "blocked" else 0), (b - a) * 1e3, left=a * 1e3,
+            y, height = rows.index(unit), (0.24 if kind == "blocked" else 0.5)
+            ax.barh(y + (0.25 if kind == "blocked" else -0.12), (b - a) * 1e3, left=a * 1e3,
                     height=height, color=colors[kind], label=SPAN_LABELS[kind],
                     edgecolor="#8A4B00" if kind == "blocked" else "none", lw=1.2)
         ax.axvline(r["step"] * 1e3, color="0.3", ls=":", lw=1, label="end of the step")
@@ -175,6 +176,8 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
             ax.axvspan(a * 1e3, out[name][1] * 1e3, color="0.9", zorder=0, lw=0,
                        label=OUTSIDE_LABEL)
         ax.set_yticks(range(len(rows)), rows)
+        ax.set_xlim(0, 1.02 * r["step"] * 1e3)                  # each panel its own step
+        ax.set_xlabel("emulated time since the step's start (ms)")
         ax.invert_yaxis()
         in_blocks = sum(b - a for k, u, *_, a, b in spans
                         if k == "blocked" and u.startswith("blocks."))
@@ -189,8 +192,6 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
                    fontsize=8, handlelength=1.5)
     if title:
         fig.suptitle(title, fontsize=11)
-    axes[-1].set_xlabel("emulated time since the step's start (ms)")
-    axes[-1].set_xlim(left=0)
     if stamp:
         plots.stamp(fig, text=stamp)
     fig.tight_layout()

@@ -236,7 +236,7 @@ def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us
     top.add_patch(Rectangle((zoom[0], -0.38), zoom_us, 1.83, fill=False, lw=1, ec="k"))
     top.text(zoom[0] - 6, 0.5, "zoomed below", ha="right", va="center", fontsize=8)
     n = sum(k == "comm" for k, _, _ in us)
-    top.set_title(f"bucketed DDP, rank 0: {n} all-reduces, the last ends in the copy back")
+    top.set_title(f"bucketed DDP, rank 0: all {n} all-reduces hide behind computation")
     low.set_xlim(*zoom)
     low.set_title("the copy back, zoomed: a kernel per parameter, a launch wait (white) between "
                   "them", fontsize=9)

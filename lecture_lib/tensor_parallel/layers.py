@@ -10,7 +10,7 @@ by columns to match) and each rank computes a partial product (summed)::
 Shoeybi et al. 2019 (arXiv:1909.08053, section 3) chain the two, so a block
 talks only at its edges, through f and g (:mod:`.comm`)::
 
-    MLP:        f -> X A_i (column) -> GELU -> . B_i (row) -> g
+    MLP:        f -> X W1_i (column) -> GELU -> . W2_i (row) -> g   (notebook 04's W1, W2)
     attention:  f -> q, k, v of my heads (column) -> attention -> . proj_i (row) -> g
 
 f is the identity forward and an all-reduce backward; g the other way round.
