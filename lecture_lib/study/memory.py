@@ -158,17 +158,17 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
     given, heads the figure. Returns the figure.
     """
     colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
-    colors["blocked"] = "#F5A000"
+    colors["blocked"] = "#FF8C00"
     fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6))
     for ax, case in zip(axes, cases):
         r = at[case]
         spans = r["unit_spans"]
         rows = list(dict.fromkeys(u for _, u, *_ in spans))
         for kind, unit, _phase, a, b in spans:
-            y, height = rows.index(unit), (0.24 if kind == "blocked" else 0.5)
-            ax.barh(y + (0.25 if kind == "blocked" else -0.12), (b - a) * 1e3, left=a * 1e3,
+            y, height = rows.index(unit), (0.32 if kind == "blocked" else 0.5)
+            ax.barh(y + (0.29 if kind == "blocked" else -0.12), (b - a) * 1e3, left=a * 1e3,
                     height=height, color=colors[kind], label=SPAN_LABELS[kind],
-                    edgecolor="#8A4B00" if kind == "blocked" else "none", lw=1.2)
+                    edgecolor="#B34700" if kind == "blocked" else "none", lw=1.6)
         ax.axvline(r["step"] * 1e3, color="0.3", ls=":", lw=1, label="end of the step")
         out = outside_units(r)
         for name in ("loss", "optimizer"):

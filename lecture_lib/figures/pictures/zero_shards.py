@@ -137,8 +137,8 @@ def draw_zero_shards(world_size: int = 4, numel: int = 1024, stages=(0, 1, 2, 3)
         data[stage] = {"holdings": held, "filled": _draw_stage(ax, held, world_size),
                        "bytes_per_param": per_param}
         ax.set_title(f"{STAGE_NAMES[stage]}: {per_param:g} Psi bytes per rank", fontsize=9)
-    fig.suptitle(f"which rank holds which shard ({world_size} data-parallel ranks; "
-                 "square b = shard b, filled = held)", fontsize=10)
+    fig.suptitle(f"mixed-precision Adam on {world_size} data-parallel ranks: which rank holds "
+                 "which shard (square b = shard b, filled = held)", fontsize=10)
     fig.text(0.5, 0.01, "bytes: mixed-precision Adam, 2 + 2 + 12 per parameter "
              "(Rajbhandari et al. 2020); Psi = number of parameters",
              ha="center", fontsize=8, color="0.4")
