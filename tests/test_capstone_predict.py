@@ -17,7 +17,12 @@ import pytest
 import lecture_lib
 from lecture_lib.capstone import cli
 from lecture_lib.capstone import compare as compare_mod
-from lecture_lib.capstone.predict import predict, same_clock_real_and_dry, strategy_layout
+from lecture_lib.capstone.predict import (
+    modelled_memory,
+    predict,
+    same_clock_real_and_dry,
+    strategy_layout,
+)
 from lecture_lib.capstone.report import FIELDS
 from lecture_lib.models import GPTConfig, real_size
 from lecture_lib.runtime import launch
@@ -68,6 +73,22 @@ def test_a_prediction_gives_each_ranks_compute():
     assert len(ranks) == 2 and all(0 < c < pp["step_time"] for c in ranks)
     assert pp["compute_seconds"] in ranks
     assert ranks[-1] > ranks[0]                 # the last stage runs the output head
+
+
+def test_a_predictions_memory_is_the_modelled_memory_at_its_layout():
+    """``memory_per_gpu`` is :func:`modelled_memory`'s total at the strategy's layout and
+    micro-batch; tp splits the weights but each GPU holds the whole batch's activations, so at
+    the same global batch it holds more activations than ddp, whose GPUs each hold a slice."""
+    model = real_size("GPT-2 small", n_layers=2)
+    parts = {}
+    for strategy in ("ddp", "tp"):
+        row = predict(strategy, 2, model=model, global_batch=4)
+        dims, _ = strategy_layout(strategy, 2, model)
+        stage = 0
+        parts[strategy] = modelled_memory(model, dims, stage, row["settings"]["micro-batch size"])
+        assert parts[strategy]["total"] == row["memory_per_gpu"], strategy
+    assert parts["tp"]["activations"] > parts["ddp"]["activations"]
+    assert parts["tp"]["params"] < parts["ddp"]["params"]
 
 
 def test_layouts_of_the_strategies_on_gpt2_small():

@@ -89,6 +89,14 @@ def predict_on_rank(strategy: str, model: GPTConfig, dims: ParallelDims, recipe:
             "clock": {**clock.summary(), "issued": list(clock.issued)}}
 
 
+def modelled_memory(model: GPTConfig, dims: ParallelDims, zero_stage: int, microbatch: int) -> dict:
+    """Bytes per GPU by kind (params, grads, optimizer, activations, total) that a prediction
+    reports: :func:`memory_per_device_cp` at ``dims``, ``zero_stage`` and ``microbatch``."""
+    shape = TransformerShape(model_name(model), model.n_layers, model.d_model, model.n_heads,
+                             model.vocab_size, model.seq_len, model.num_params())
+    return memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, zero_stage, microbatch)
+
+
 def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig = GPT2_SMALL,
             global_batch: int = GLOBAL_BATCH, timeout: float = 600) -> dict:
     """The predicted record of ``strategy`` on ``world_size`` GPUs of ``preset`` (see the
@@ -102,9 +110,7 @@ def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig
     wall = time.perf_counter() - began
     step = job_step(results)
     m, b = run.split(global_batch, dims.dp)
-    shape = TransformerShape(model_name(model), model.n_layers, model.d_model, model.n_heads,
-                             model.vocab_size, model.seq_len, model.num_params())
-    memory = memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, run.zero_stage, b)
+    memory = modelled_memory(model, dims, run.zero_stage, b)
     device = cluster.device
     out = record(strategy, dims, run, model, global_batch, step=step, spread=[step, step],
                  peak_flops=device.bf16_flops,

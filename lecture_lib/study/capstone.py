@@ -21,13 +21,11 @@ import matplotlib.pyplot as plt
 from lecture_lib import metrics
 from lecture_lib.capstone import launches
 from lecture_lib.capstone.experiments import DEFAULT_RUNS
-from lecture_lib.capstone.predict import strategy_layout
-from lecture_lib.capstone.report import format_table, model_name
+from lecture_lib.capstone.predict import modelled_memory, strategy_layout
+from lecture_lib.capstone.report import format_table
 from lecture_lib.capstone.strategies import run_recipe
 from lecture_lib.capstone.train import cpu_gpt
 from lecture_lib.costmodel import A100_CLUSTER, H100_CLUSTER
-from lecture_lib.costmodel.context_parallel import memory_per_device_cp
-from lecture_lib.costmodel.memory import TransformerShape
 from lecture_lib.models import REAL_SIZE
 from lecture_lib.study import fmt
 
@@ -163,8 +161,5 @@ def memory_parts(row: dict) -> dict:
     model at the row's layout, ZeRO stage and micro-batch size."""
     model = REAL_SIZE["GPT-2 small"]
     dims, recipe = strategy_layout(row["strategy"], row["world_size"], model)
-    shape = TransformerShape(model_name(model), model.n_layers, model.d_model, model.n_heads,
-                             model.vocab_size, model.seq_len, model.num_params())
-    stage = run_recipe(row["strategy"], recipe).zero_stage
-    return memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, stage,
-                                row["settings"]["micro-batch size"])
+    return modelled_memory(model, dims, run_recipe(row["strategy"], recipe).zero_stage,
+                           row["settings"]["micro-batch size"])
