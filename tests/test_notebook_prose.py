@@ -153,9 +153,11 @@ ALLOWED = [
      "emulated time, deterministic: asserted in the cell above "
      "(4e-3 < compute of ddp - compute of zero1 < 6e-3)"),
     ("03_memory.ipynb", "DDP needs 146 GB per GPU",
-     "modelled memory, deterministic: asserted in the cell below (round(ZeRO-0 total / 1e9) == 146)"),
+     "modelled memory, deterministic: asserted in the cell below "
+     "(round(ZeRO-0 total / 1e9) == 146)"),
     ("03_memory.ipynb", "and fits, with 62 GB",
-     "modelled memory, deterministic: asserted in the cell below (round(ZeRO-1 total / 1e9) == 62)"),
+     "modelled memory, deterministic: asserted in the cell below "
+     "(round(ZeRO-1 total / 1e9) == 62)"),
     ("10_capstone.ipynb", "each take about 8% less than a step",
      "emulated time, deterministic: asserted in the cell above (0.92 < zero1 / ddp < 0.93, "
      "0.91 < fsdp / ddp < 0.92)"),
