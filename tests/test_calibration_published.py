@@ -45,3 +45,9 @@ def test_checks_agree(rows):
 
 # The end-to-end row (llm.c's GPT-2 step on 8 emulated H100s, about a minute of 8 dry-run ranks)
 # is asserted with every other check in appendix A2's calibration table, which CI runs.
+
+
+def test_every_anchor_names_a_source_with_its_citation():
+    """A2 prints each check's source beside it: every anchor's key is cited in SOURCES."""
+    assert {a.source for a in P.ANCHORS} <= set(P.SOURCES)
+    assert all(len(text) > 20 for text in P.SOURCES.values())

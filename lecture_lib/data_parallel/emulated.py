@@ -163,9 +163,10 @@ def measure_ddp(configs: list[dict], world_size: int, cfg: GPTConfig, batch_per_
 
 def time_at_scale(cfg: GPTConfig, configs: list[dict], world_size: int = 8,
                   micro_batch: int = 8, preset="h100-node", optimizer: str = "adamw",
-                  timeout: float = 300.0) -> list[dict]:
-    """DDP at real size in the dry run: rank 0's :func:`ddp_step` (one step on fake tensors)
-    for each ``{"variant", "bucket_size_mb", "accumulation"}`` on ``world_size`` GPUs.
+                  timeout: float = 300.0, steps: int = 2) -> list[dict]:
+    """DDP at real size in the dry run: rank 0's :func:`ddp_step` (the last of ``steps`` steps
+    on fake tensors: by default the second, since the first also creates AdamW's moments) for
+    each ``{"variant", "bucket_size_mb", "accumulation"}`` on ``world_size`` GPUs.
 
     Each rank trains ``accumulation`` (default 1) micro-batches of ``micro_batch``
     sequences per step, so accumulation changes the samples per all-reduce, not the
@@ -184,13 +185,13 @@ def time_at_scale(cfg: GPTConfig, configs: list[dict], world_size: int = 8,
         if unknown:
             raise ValueError(f"config {c}: unknown keys {sorted(unknown)}")
         runs.append((c["variant"], c.get("bucket_size_mb"), c.get("accumulation", 1)))
-        _check(runs[-1][0], cfg, micro_batch * runs[-1][2], 1, runs[-1][2])
+        _check(runs[-1][0], cfg, micro_batch * runs[-1][2], steps, runs[-1][2])
         check_bucket_size(runs[-1][1])
     rows = []
     for variant, mb, k in progress(runs, f"DDP at real size, dry run on {world_size} ranks: "
                                    "one configuration each"):
         start = time.perf_counter()
-        r = launch.run(ddp_step, world_size, variant, cfg, micro_batch * k, 1, mb, cluster,
+        r = launch.run(ddp_step, world_size, variant, cfg, micro_batch * k, steps, mb, cluster,
                        accumulation=k, optimizer=optimizer, dry_run=True, timeout=timeout)[0]
         r.pop("clock")
         rows.append({**r, "world_size": world_size, "preset": emulate.label(cluster),

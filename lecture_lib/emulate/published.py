@@ -41,6 +41,24 @@ GB = 1e9
 MB = 2 ** 20          # nccl-tests sizes are powers of two: "16 MB" is 2^24 bytes
 
 
+# Where each anchor's figure was published (the module docstring says more of each).
+SOURCES = {
+    "AZURE_H200": "Azure AI benchmarking guide (github.com/Azure/AI-benchmarking-guide), "
+                  "nccl-tests all_reduce_perf on ND H200 v5",
+    "AZURE_A100": "Azure AI benchmarking guide (github.com/Azure/AI-benchmarking-guide), "
+                  "ND A100 v4: nccl-tests, cuBLASLt FP16 GEMM, HBM bandwidth",
+    "NCCL_1455": "NVIDIA/nccl issue 1455 and nccl-tests issue 212: 8 x H100, ring algorithm",
+    "NCCL_TESTS_290": "NVIDIA/nccl-tests issue 290: InfiniBand NDR per NIC",
+    "H200_HBM": "H200 HBM3e measured at 4.0-4.5 of the datasheet's 4.8 TB/s",
+    "LLMC": "KellerJordan/modded-nanogpt, records/101324_llmc: llm.c GPT-2 124M on 8 x H100",
+    "XLA_SM90": "openxla/xla, xla/service/gpu/model/matmul_interpolator_data.h (sm_90, bf16)",
+    "FA3_PAPER": "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Figs. 5-6: "
+                 "FlashAttention-2 on H100",
+    "FA2_PAPER": "Dao 2023, FlashAttention-2 (arXiv 2307.08691), Fig. 4: A100",
+    "FA2_H100": "Dao-AILab/flash-attention, assets/flash2_h100_fwd_bwd_benchmark.png",
+}
+
+
 @dataclass(frozen=True)
 class Anchor:
     """One published figure: what was measured, at what size, the value and its unit."""
