@@ -83,6 +83,16 @@ def test_the_figure_draws_what_the_data_says_and_is_legible():
     plt.close(fig)
 
 
+def test_the_figure_counts_fp32_adam_when_asked_and_refuses_other_precisions():
+    fig, data = draw_zero_shards(4, precision="fp32")
+    assert [data[s]["bytes_per_param"] for s in range(4)] == [16, 10, 7, 4]   # 4 + 4 + 8
+    assert fig.axes[1].get_title().startswith("ZeRO-1: 10 Psi bytes")
+    assert fig._suptitle.get_text().startswith("fp32 Adam on 4")
+    plt.close(fig)
+    with pytest.raises(ValueError, match="precision"):
+        draw_zero_shards(4, precision="bf16")
+
+
 def test_shard_states_replays_events_and_draws():
     events = [("gather", "a", "forward"), ("wait", "a", "forward"), ("full", "a", "forward"),
               ("compute", "a", "forward"), ("gather", "b", "forward"), ("done", "a", "forward"),

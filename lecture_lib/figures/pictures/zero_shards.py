@@ -41,6 +41,10 @@ STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 KIND_COLORS = {"params": COLORS["compute"], "grads": COLORS["backward"],
                "optimizer": COLORS["optimizer"]}
 MIXED_ADAM = {"param_bytes": 2, "grad_bytes": 2, "optimizer_bytes_per_param": 12}
+FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes_per_param": 8}
+# What the picture counts: its label and Adam's bytes per parameter (weights, gradients, state)
+ADAM_BYTES = {"mixed": ("mixed-precision Adam, 2 + 2 + 12 per parameter", MIXED_ADAM),
+              "fp32": ("fp32 Adam, 4 + 4 + 8 per parameter", FP32_ADAM)}
 
 
 def _mix(color: str, toward: str, amount: float) -> str:
@@ -94,9 +98,12 @@ def holdings(stage: int, world_size: int, numel: int) -> dict[int, dict[str, lis
             for r in range(world_size)}
 
 
-def bytes_per_rank_in_psi(stage: int, world_size: int) -> float:
-    """Model-state bytes per rank per parameter, mixed-precision Adam (2 + 2 + 12)."""
-    return model_state_breakdown(1.0, world_size, stage, **MIXED_ADAM)["total"]
+def bytes_per_rank_in_psi(stage: int, world_size: int, precision: str = "mixed") -> float:
+    """Model-state bytes per rank per parameter of Adam in ``precision`` (:data:`ADAM_BYTES`:
+    ``"mixed"``, 2 + 2 + 12, or ``"fp32"``, 4 + 4 + 8)."""
+    if precision not in ADAM_BYTES:
+        raise ValueError(f"precision must be one of {sorted(ADAM_BYTES)}, not {precision!r}")
+    return model_state_breakdown(1.0, world_size, stage, **ADAM_BYTES[precision][1])["total"]
 
 
 def _draw_stage(ax, held: dict, world_size: int) -> int:
@@ -120,27 +127,30 @@ def _draw_stage(ax, held: dict, world_size: int) -> int:
     return filled
 
 
-def draw_zero_shards(world_size: int = 4, numel: int = 1024, stages=(0, 1, 2, 3)):
-    """The picture between steps: one panel per stage; returns ``(fig, data)``.
+def draw_zero_shards(world_size: int = 4, numel: int = 1024, stages=(0, 1, 2, 3),
+                     precision: str = "mixed"):
+    """The picture between steps: one panel per stage, its bytes those of Adam in
+    ``precision`` (``"mixed"`` or ``"fp32"``); returns ``(fig, data)``.
 
     ``data[stage] = {"holdings": holdings(...), "filled": squares drawn filled,
     "bytes_per_param": model-state bytes per rank per parameter}``. Square ``b`` in
     a rank's group is shard ``b`` of that kind (elements ``shard_bounds(numel, b, p)``),
     filled when the rank holds it.
     """
+    label = ADAM_BYTES[precision][0] if precision in ADAM_BYTES else None
+    bytes_per_rank_in_psi(0, world_size, precision)          # a clear error for a bad precision
     fig, axes = plt.subplots(1, len(stages), figsize=(3.3 * len(stages), 0.6 * world_size + 1.4),
                              squeeze=False)
     data = {}
     for ax, stage in zip(axes[0], stages):
         held = holdings(stage, world_size, numel)
-        per_param = bytes_per_rank_in_psi(stage, world_size)
+        per_param = bytes_per_rank_in_psi(stage, world_size, precision)
         data[stage] = {"holdings": held, "filled": _draw_stage(ax, held, world_size),
                        "bytes_per_param": per_param}
         ax.set_title(f"{STAGE_NAMES[stage]}: {per_param:g} Psi bytes per rank", fontsize=9)
-    fig.suptitle(f"mixed-precision Adam on {world_size} data-parallel ranks: which rank holds "
+    fig.suptitle(f"{label.split(',')[0]} on {world_size} data-parallel ranks: which rank holds "
                  "which shard (square b = shard b, filled = held)", fontsize=10)
-    fig.text(0.5, 0.01, "bytes: mixed-precision Adam, 2 + 2 + 12 per parameter "
-             "(Rajbhandari et al. 2020); Psi = number of parameters",
+    fig.text(0.5, 0.01, f"bytes: {label} (Rajbhandari et al. 2020); Psi = number of parameters",
              ha="center", fontsize=8, color="0.4")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig, data
