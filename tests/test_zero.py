@@ -332,11 +332,15 @@ def test_zero1_step_launches_the_same_kernels_whatever_the_parameter_count():
 def test_zero_at_real_size_in_the_dry_run():
     # GPT-2 medium's shape, one layer, 2 ranks: ZeRO-1 sends 2 Psi (as DDP), FSDP 3 Psi; the
     # optimizer's state is sharded; nothing computed
-    out = zemu.time_at_scale("GPT-2 medium", ("ddp", "zero1", "fsdp"), world_size=2,
+    out = zemu.time_at_scale("GPT-2 medium", ("ddp", "ddp_bucketed", "zero1", "fsdp"), world_size=2,
                              batch_per_rank=1, steps=1, n_layers=1, timeout=120)
     psi = 4 * out["params"]
     cases = out["cases"]
     assert cases["ddp"]["bytes"] == {"all_reduce": psi}
+    # bucketed DDP: the same bytes in several all-reduces, started during backward
+    assert cases["ddp_bucketed"]["bytes"] == {"all_reduce": psi}
+    assert cases["ddp_bucketed"]["calls"]["all_reduce"] > 1 == cases["ddp"]["calls"]["all_reduce"]
+    assert cases["ddp_bucketed"]["hidden"] > 0 == pytest.approx(cases["ddp"]["hidden"], abs=1e-12)
     assert cases["zero1"]["bytes"] == {"reduce_scatter": psi, "all_gather": psi}
     fsdp = cases["fsdp"]["bytes"]
     assert fsdp["all_gather"] + fsdp["reduce_scatter"] == pytest.approx(3 * psi, rel=1e-3)

@@ -1,7 +1,8 @@
 """What the notebooks run to measure ZeRO: training loops, bytes held, FSDP2 side by side.
 
 :func:`shard_model` is the one entry point for stage 1, 2 or 3; :func:`build` makes every
-case the measurements compare (:data:`CASES`: DDP, ZeRO-1, ZeRO-2 and FSDP's variants) and
+case the measurements compare (:data:`CASES`: DDP, flat or in buckets of :data:`BUCKET_MB`,
+ZeRO-1, ZeRO-2 and FSDP's variants) and
 :func:`one_step` runs one step of any of them;
 :func:`train_sharded` trains a model with it on this rank's share of each
 batch, comparable with :func:`lecture_lib.models.train_reference`;
@@ -21,7 +22,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from .. import observe
 from ..comm import group_info
 from ..costmodel.memory import check_zero_stage
-from ..data_parallel import DDPFlat
+from ..data_parallel import DDPBucketed, DDPFlat
 from ..metrics import state_bytes, tensor_bytes, wall_time
 from ..models import TrainResult, make_optimizer, shard
 from ..precision import LossScaler
@@ -31,9 +32,11 @@ from .fsdp_api import fsdp_gather_full_params, fsdp_on_after_backward
 from .sharded_optimizer import ShardedGradientOptimizer, ShardedOptimizer
 from .wrap import resolve_units
 
-#: Every case the measurements compare: plain data parallelism (one all-reduce after backward),
-#: ZeRO-1 and ZeRO-2, and FSDP (ZeRO-3) with its options (default: prefetch, reshard after forward).
-CASES = {"ddp": None, "zero1": None, "zero2": None, "fsdp": {},
+BUCKET_MB = 25          # "ddp_bucketed": torch DDP's default bucket (02's best at real size)
+#: Every case the measurements compare: plain data parallelism (one all-reduce after backward, or
+#: bucketed), ZeRO-1 and ZeRO-2, and FSDP (ZeRO-3) with its options (default: prefetch, reshard
+#: after forward).
+CASES = {"ddp": None, "ddp_bucketed": None, "zero1": None, "zero2": None, "fsdp": {},
          "fsdp_no_prefetch": {"prefetch": False},
          "fsdp_keep": {"reshard_after_forward": False},
          "fsdp_keep_no_prefetch": {"reshard_after_forward": False, "prefetch": False},
@@ -53,6 +56,9 @@ def build(case: str, model: nn.Module, group=None, optimizer: str = "sgd", lr: f
     check_cases([case])
     if case == "ddp":
         return DDPFlat(model, group), make_optimizer(model.parameters(), optimizer, lr)
+    if case == "ddp_bucketed":
+        return (DDPBucketed(model, BUCKET_MB, group),
+                make_optimizer(model.parameters(), optimizer, lr))
     if case in ("zero1", "zero2"):
         return shard_model(model, int(case[-1]), _OPTIMIZERS[optimizer], group, lr=lr)
     model = FullyShardedModel(model, group=group, **CASES[case])
@@ -64,12 +70,14 @@ def one_step(model, opt, x, y) -> torch.Tensor:
 
     Tells a watcher when backward begins (``observe.note("step", phase="backward")``)."""
     opt.zero_grad(set_to_none=True)
+    if isinstance(model, DDPBucketed):
+        model.on_train_batch_start()
     loss = model(x, y)
     observe.note("step", phase="backward")
     loss.backward()
     if isinstance(model, FullyShardedModel):
         fsdp_on_after_backward(model, opt)
-    elif isinstance(model, DDPFlat):
+    elif isinstance(model, (DDPFlat, DDPBucketed)):
         model.finish_gradient_synchronization()
     opt.step()
     return loss.detach()
