@@ -6,6 +6,7 @@ import pytest
 
 from lecture_lib.calibration import published
 from lecture_lib.emulate import published as P
+from lecture_lib.study.the_emulated_cluster import faster_by
 
 FITTED_TOLERANCE, CHECK_TOLERANCE, MEDIAN_TOLERANCE = 0.03, 0.15, 0.10
 
@@ -51,3 +52,10 @@ def test_every_anchor_names_a_source_with_its_citation():
     """A2 prints each check's source beside it: every anchor's key is cited in SOURCES."""
     assert {a.source for a in P.ANCHORS} <= set(P.SOURCES)
     assert all(len(text) > 20 for text in P.SOURCES.values())
+
+
+def test_the_opening_figure_reads_faster_to_the_right_for_rates_and_times():
+    rate = {"unit": "FLOP/s", "published": 100.0, "emulated": 110.0}
+    assert faster_by(rate) == pytest.approx(0.1)
+    assert faster_by({"unit": "s", "published": 139.0, "emulated": 144.2}) < 0      # slower step
+    assert faster_by({"unit": "s", "published": 110.0, "emulated": 100.0}) == pytest.approx(0.1)

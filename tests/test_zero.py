@@ -341,6 +341,12 @@ def test_zero_at_real_size_in_the_dry_run():
     assert cases["ddp_bucketed"]["bytes"] == {"all_reduce": psi}
     assert cases["ddp_bucketed"]["calls"]["all_reduce"] > 1 == cases["ddp"]["calls"]["all_reduce"]
     assert cases["ddp_bucketed"]["hidden"] > 0 == pytest.approx(cases["ddp"]["hidden"], abs=1e-12)
+    # the kernels, split by kind, make up the compute (within 1%: fixed costs aside);
+    # ZeRO-1's optimizer step is about half DDP's at dp 2
+    for c in cases.values():
+        assert sum(c["by_kind"].values()) == pytest.approx(c["compute"], rel=0.01)
+    opt = {k: cases[k]["by_kind"]["optimizer step"] for k in ("ddp", "zero1")}
+    assert 0.4 < opt["zero1"] / opt["ddp"] < 0.6
     assert cases["zero1"]["bytes"] == {"reduce_scatter": psi, "all_gather": psi}
     fsdp = cases["fsdp"]["bytes"]
     assert fsdp["all_gather"] + fsdp["reduce_scatter"] == pytest.approx(3 * psi, rel=1e-3)

@@ -41,7 +41,8 @@ def zero_steps(case: str, cfg: GPTConfig, batch_per_rank: int, steps: int = 2, g
     sequences of random tokens (made here, so fake in a dry run); ``checkpointing``
     recomputes each block in backward (:func:`lecture_lib.precision.checkpoint_blocks`).
     The last step's ``step``, ``compute``, ``comm``, ``hidden``, ``exposed`` and ``host``
-    (seconds the host spent launching kernels) in emulated seconds; ``calls`` and ``bytes``
+    (seconds the host spent launching kernels) in emulated seconds, ``by_kind`` (its compute in
+    :func:`lecture_lib.emulate.seconds_by_kind`'s four kinds); ``calls`` and ``bytes``
     (full buffers) of each kind of collective; ``streams`` (:func:`step_streams`) and
     ``exposed_by_kind`` (:func:`exposed_by_kind`); ``held``
     (model-state bytes after the step, :func:`.experiments.held_bytes`) and, for FSDP,
@@ -128,7 +129,7 @@ def _cases_rank(cases, cfg, batch_per_rank, steps, checkpointing) -> dict:
 
 def _counters(clock) -> dict:
     return {"totals": dict(clock.totals), "calls": dict(clock.calls_by_kind),
-            "bytes": dict(clock.bytes_by_kind)}
+            "bytes": dict(clock.bytes_by_kind), "ops": dict(clock.seconds_by_op)}
 
 
 def _split(clock, before: dict, start: float, end: float) -> dict:
@@ -138,8 +139,10 @@ def _split(clock, before: dict, start: float, end: float) -> dict:
     grew = {kind: {k: v - before[kind].get(k, 0) for k, v in now.items()
                    if v > before[kind].get(k, 0)}
             for kind, now in (("calls", clock.calls_by_kind), ("bytes", clock.bytes_by_kind))}
+    ops = {k: v - before["ops"].get(k, 0.0) for k, v in clock.seconds_by_op.items()}
     return {"step": end - start, "compute": compute, "comm": comm,
-            "hidden": compute + comm - (end - start), "exposed": end - start - compute, **grew}
+            "hidden": compute + comm - (end - start), "exposed": end - start - compute,
+            "by_kind": emulate.seconds_by_kind(ops), **grew}
 
 
 def step_streams(clock, start: float, end: float) -> dict:
