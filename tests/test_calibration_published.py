@@ -58,4 +58,8 @@ def test_the_opening_figure_reads_faster_to_the_right_for_rates_and_times():
     rate = {"unit": "FLOP/s", "published": 100.0, "emulated": 110.0}
     assert faster_by(rate) == pytest.approx(0.1)
     assert faster_by({"unit": "s", "published": 139.0, "emulated": 144.2}) < 0      # slower step
-    assert faster_by({"unit": "s", "published": 110.0, "emulated": 100.0}) == pytest.approx(0.1)
+    assert faster_by({"unit": "s", "published": 100.0, "emulated": 90.0}) == pytest.approx(0.1)
+    # a row's size is its error, whatever the unit: one number, one sign in the table and the figure
+    for row in (rate, {"unit": "s", "published": 139.0, "emulated": 144.2}):
+        error = row["emulated"] / row["published"] - 1
+        assert abs(faster_by(row)) == pytest.approx(abs(error))

@@ -134,6 +134,16 @@ def test_memory_bound_work_counts_only_where_the_cluster_states_a_bandwidth():
     assert t.compute == plain.compute and t.bubble > plain.bubble      # element-wise waits too
 
 
+def test_an_optimizer_step_at_the_memory_floor_moves_each_parameters_values_once():
+    # a fused AdamW reads weight, gradient and two moments and writes three: 7 fp32 values
+    assert traffic.optimizer_seconds(1e9, 3.35e12) == pytest.approx(28e9 / 3.35e12)
+    assert traffic.optimizer_seconds(10, 1.0, "sgd", value_bytes=2) == 60
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        traffic.optimizer_seconds(10, 1.0, "adam")
+    with pytest.raises(ValueError, match="bandwidth"):
+        traffic.optimizer_seconds(10, 0.0)
+
+
 def test_layer_traffic_splits_over_tensor_parallel_ranks():
     assert traffic.layer_values(1) == 69
     assert traffic.layer_values(2) == 30 + 39 / 2

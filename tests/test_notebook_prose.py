@@ -51,10 +51,6 @@ ALLOWED = [
      " asserted)"),
     ("01_collectives.ipynb", "orders of magnitude higher at 16 MiB than at 1 KiB",
      "configuration and tolerance asserted after the sweep (busbw[-1] > 100 x busbw[0])"),
-    ("01_collectives.ipynb", "At 1 KiB the ring takes orders of magnitude longer",
-     "configuration and tolerance asserted after the sweep (med['ring'][0] > 100 x bytes_only)"),
-    ("01_collectives.ipynb", "At 16 MiB neither is twice as fast",
-     "configuration and tolerance asserted after the sweep (0.5 < ratio_med[-1] < 2)"),
     ("02_data_parallel.ipynb", "within 1% of the best at eight",
      "tolerance asserted after the bucket sweep (< 1.01 x the best step at 8 sequences per rank)"),
     ("02_data_parallel.ipynb", "Per-parameter comes within 1% of the best",
@@ -151,6 +147,18 @@ ALLOWED = [
      "(1.005 < sp / plain at tp 8 < 1.015)"),
     ("03_memory.ipynb", "bucketed DDP with 25 MiB buckets",
      "configuration: the case ddp_bucketed, zero.experiments.BUCKET_MB = 25"),
+    ("03_memory.ipynb", "methods' steps lie within 3.5 ms of each other",
+     "emulated time, deterministic: asserted in section 6 (every step but FSDP's without "
+     "prefetch within 3.5e-3 s of each other, charged and with a fused AdamW)"),
+    ("03_memory.ipynb", "four steps lie within 3.5 ms of each other",
+     "emulated time, deterministic: asserted in the cell above (every step but FSDP's without "
+     "prefetch within 3.5e-3 s of each other, charged and with a fused AdamW)"),
+    ("01_collectives.ipynb", "At 1 KiB the ring takes over 100 times as long as that line",
+     "measured, a bound: asserted two cells below (ring at 1 KiB > 100 x its bytes alone; "
+     "the printed factor is in the thousands)"),
+    ("01_collectives.ipynb", "At 16 MiB the two take about the same time",
+     "configuration: 16 MiB is the largest size the cell times (SIZES); the ratio is printed "
+     "below and asserted (0.5 < naive / ring < 2)"),
     ("03_memory.ipynb", "DDP needs 146 GB per GPU",
      "modelled memory, deterministic: asserted in the cell below "
      "(round(ZeRO-0 total / 1e9) == 146)"),

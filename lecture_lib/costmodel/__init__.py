@@ -98,4 +98,4 @@ from .tensor_parallel import (
                    tp_layer_flops,
                    tp_layer_time,
 )
-from .traffic import OPTIMIZER_VALUES, layer_values, memory_bound_seconds
+from .traffic import OPTIMIZER_VALUES, layer_values, memory_bound_seconds, optimizer_seconds

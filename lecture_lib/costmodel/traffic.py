@@ -69,6 +69,16 @@ def check_optimizer(optimizer: str) -> None:
                          f"not {optimizer!r}")
 
 
+def optimizer_seconds(params: float, bandwidth: float, optimizer: str = "adamw",
+                      value_bytes: int = 4) -> float:
+    """One optimizer step over ``params`` parameters at the memory floor: each of its values
+    read or written once at ``bandwidth`` bytes per second (a fused kernel's ideal)."""
+    check_optimizer(optimizer)
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0 bytes per second, not {bandwidth!r}")
+    return OPTIMIZER_VALUES[optimizer] * params * value_bytes / bandwidth
+
+
 def memory_bound_seconds(shape: TransformerShape, dp: int, tp: int, pp: int, tokens: float,
                          bandwidth: float, optimizer: str = "adamw",
                          value_bytes: int = 4) -> dict:
@@ -84,6 +94,6 @@ def memory_bound_seconds(shape: TransformerShape, dp: int, tp: int, pp: int, tok
     params = shape.num_params / (tp * pp)
     return {
         "element-wise": layer_values(tp) * shape.hidden * tokens / dp * layers * per_byte,
-        "optimizer": OPTIMIZER_VALUES[optimizer] * params * per_byte,
+        "optimizer": optimizer_seconds(params, bandwidth, optimizer, value_bytes),
         "gradient buffer": FLAT_BUFFER_VALUES * params * per_byte if dp > 1 else 0.0,
     }
