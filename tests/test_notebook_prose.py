@@ -113,7 +113,7 @@ ALLOWED = [
      "modelled, asserted after the planner's ranking (0.002 < third layout / fastest - 1 < 0.004)"),
     ("08_hybrid_parallelism.ipynb", "the modelled 31% MFU",
      "modelled, asserted after the MFU cell (0.305 < gpt3_mfu < 0.315)"),
-    ("08_hybrid_parallelism.ipynb", "Their MFU is 33.7%",
+    ("08_hybrid_parallelism.ipynb", "Dividing by 312 TFLOP/s and by 4/3 gives their MFU: 33.7%",
      "formula: 140 TFLOP/s / 312 / (4/3), asserted after the MFU cell (0.336 < paper_mfu < 0.338)"),
     ("08_hybrid_parallelism.ipynb", "the 21.9 GB per GPU that",
      "formula: 175e9 x 16 bytes / 128 GPUs (notebook 00, Q2), asserted after the memory printout"),
@@ -141,16 +141,19 @@ ALLOWED = [
      "(lecture_lib.study.profiling_and_debugging answers it)"),
     ("03_memory.ipynb", "bucketed DDP with 25 MiB buckets",
      "configuration: the case ddp_bucketed, zero.experiments.BUCKET_MB = 25"),
-    ("03_memory.ipynb", "the four stay within 3.5 ms",
-     "modelled from the emulated steps (a fused AdamW's floor in place of the charged step): "
-     "asserted in the cell above (spread(fused)[1] < 3.5e-3)"),
-    ("03_memory.ipynb", "four steps lie within 3.5 ms of each other",
+    ("03_memory.ipynb", "four overlapped steps lie within 3.5 ms of each other",
      "emulated time, deterministic: asserted in the cell above (every step but FSDP's without "
      "prefetch within 3.5e-3 s of each other, charged and with a fused AdamW)"),
+    ("03_memory.ipynb", "its step is within 3.5 ms of DDP's",
+     "emulated time, deterministic: asserted in section 6 (every step but FSDP's without "
+     "prefetch within 3.5e-3 s of each other)"),
+    ("03_memory.ipynb", "about 1 ms more forward and backward",
+     "emulated time, deterministic: asserted in the cell above (0.8 < DDP's forward and "
+     "backward - ZeRO-1's < 1.1 ms)"),
     ("01_collectives.ipynb", "At 1 KiB the ring takes over 100 times as long as that line",
      "measured, a bound: asserted two cells below (ring at 1 KiB > 100 x its bytes alone; "
      "the printed factor is in the thousands)"),
-    ("01_collectives.ipynb", "At 16 MiB the two take about the same time",
+    ("01_collectives.ipynb", "At 16 MiB a link per rank would let the ring win",
      "configuration: 16 MiB is the largest size the cell times (SIZES); the ratio is printed "
      "below and asserted (0.5 < naive / ring < 2)"),
     ("03_memory.ipynb", "DDP needs 146 GB per GPU",
