@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
-from .. import emulate
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
 from ..dims import ParallelDims, Recipe
@@ -127,22 +126,6 @@ def gradient_norms(cfg, dims, recipe, batch):
             dist.all_reduce(total, group=grid.group(axis))
     return {"coords": grid.coords, "own": sum(squares.values()) ** 0.5,
             "global": once.item() ** 0.5, "every": every.item() ** 0.5}
-
-
-def adamw_step_seconds(params: int, spec: str = "a100-node") -> float:
-    """The dry run's charge for one AdamW step over ``params`` parameters on one GPU of
-    ``spec``: torch's foreach kernels, each charged its bytes at the HBM bandwidth, as in the
-    hybrid trainer's runs (the second step is timed: the first creates the state)."""
-    with emulate.emulated(spec, dry_run=True) as clock:
-        weight = torch.nn.Parameter(torch.zeros(params))
-        weight.grad = torch.zeros(params)
-        opt = torch.optim.AdamW([weight], lr=1e-4)
-        opt.step()
-        clock.resolve()
-        start = clock.now()
-        opt.step()
-        clock.resolve()
-        return clock.now() - start
 
 
 def waits_figure(waits: dict[str, float], one_node: list[str]):
