@@ -11,11 +11,6 @@ notebook's batch and 8 times it.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
 from lecture_lib import metrics
@@ -105,22 +100,6 @@ def collective_calls(run: dict, rank: int = 0) -> dict[str, tuple[int, float]]:
                 c, b = calls.get(kind, (0, 0.0))
                 calls[kind] = (c + count, b + nbytes / 1e6)
     return calls
-
-
-def compare_predictions(records: dict[str, dict], out_dir, title: str) -> tuple[str, str]:
-    """Runs ``python -m lecture_lib.capstone compare`` on one predictions file per entry of
-    ``records`` (name -> {strategy: record}), written to ``out_dir``; returns what it printed
-    and the path of its picture."""
-    out = Path(out_dir)
-    files = []
-    for name, by_strategy in records.items():
-        files.append(out / f"predicted_{name}.json")
-        files[-1].write_text(json.dumps(list(by_strategy.values()), default=str))
-    png = out / "compare.png"
-    command = [sys.executable, "-m", "lecture_lib.capstone", "compare", *map(str, files),
-               "--png", str(png), "--title", title]
-    shown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return shown, str(png)
 
 
 def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, fsdp4: dict,
