@@ -13,7 +13,14 @@ from lecture_lib.costmodel import (
     two_stream_step,
 )
 from lecture_lib.data_parallel import experiments as dpx
-from lecture_lib.models import GPT, GPTConfig, MarkovText, assert_same_training, train_reference
+from lecture_lib.models import (
+    GPT,
+    GPTConfig,
+    MarkovText,
+    assert_same_training,
+    shard,
+    train_reference,
+)
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_heads=2, n_layers=2)
 DATA = MarkovText(CFG.vocab_size, CFG.seq_len, seed=1)
@@ -87,6 +94,41 @@ def test_every_variant_trains_equal_to_one_process(world_size):
     assert torch.equal(TiedFrozen(seed=0).frozen.weight.detach(), frozen)
 
 
+def _counted_accumulation_on_rank(micro_batches):
+    """DDPBucketed told how many backward passes make a step (no no_sync): the buckets go
+    out during the last one only."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = GPT(CFG, seed=0).to(lecture_lib.device())
+    ddp = DP.DDPBucketed(model, bucket_size_mb=0.01, accumulation=micro_batches)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    launched = []                                   # buckets in flight after each backward
+    for step in range(STEPS):
+        x, y = shard(DATA.batch(step, BATCH), rank, world)
+        opt.zero_grad(set_to_none=True)
+        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            (model(xm, ym) / micro_batches).backward()
+            launched.append(len(ddp._launched))
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    return {"params": {k: v.detach().clone() for k, v in model.named_parameters()},
+            "launched": launched, "buckets": len(ddp.buckets)}
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_bucketed_counts_the_backward_passes_of_a_step(micro_batches):
+    results = lecture_lib.run(_counted_accumulation_on_rank, 2, micro_batches, timeout=120)
+    expected = train_reference(GPT(CFG, seed=0), lambda s: DATA.batch(s, BATCH), STEPS, lr=0.5,
+                               optimizer="sgd")
+    for r in results:
+        for name, value in expected.params.items():
+            torch.testing.assert_close(r["params"][name], value, rtol=RTOL, atol=1e-6)
+        per_step = [r["launched"][i:i + micro_batches]
+                    for i in range(0, len(r["launched"]), micro_batches)]
+        assert r["buckets"] > 1
+        # nothing goes out before the last backward of a step; every bucket during it
+        assert all(s == [0] * (micro_batches - 1) + [r["buckets"]] for s in per_step), per_step
+
+
 def _replicas_on_rank():
     out = {}
     for variant in ("individual", "bucketed", "naive"):
@@ -128,6 +170,9 @@ def test_bad_input_before_any_process_starts():
             DP.DDPBucketed(model, bad)
     with pytest.raises(TypeError, match="bucket_size_mb"):
         DP.DDPBucketed(model, "25")
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="accumulation"):
+            DP.DDPBucketed(model, 25, accumulation=bad)
     with pytest.raises(ValueError, match="variant"):
         dpx.check_training_args("zero", 1, 1)
     with pytest.raises(ValueError, match="accumulation"):

@@ -144,11 +144,18 @@ class DDPBucketed(_DataParallel):
     Buckets are launched in index order on every rank (a bucket that fills
     early waits for the ones before it), so all ranks issue their collectives
     in the same order, as torch's DDP does.
+
+    ``accumulation``: the backward passes that add to every gradient before it is
+    complete (the micro-batches of a step); a bucket is full once each of its
+    gradients has had that many, so it is reduced during the last backward only.
     """
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None, group=None):
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None, group=None,
+                 accumulation: int = 1):
         check_bucket_size(bucket_size_mb)
+        check_accumulation(accumulation)
         super().__init__(module, group)
+        self.accumulation = accumulation
         self.bucket_size_mb = bucket_size_mb
         self.buckets = make_buckets(self.params, bucket_size_mb)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
@@ -157,12 +164,22 @@ class DDPBucketed(_DataParallel):
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
+    @property
+    def accumulation(self) -> int:
+        return self._accumulation
+
+    @accumulation.setter
+    def accumulation(self, backwards: int) -> None:
+        check_accumulation(backwards)
+        self._accumulation = backwards
+
     def _grad_ready(self, p: torch.Tensor) -> None:
         if not self._sync:
             return
         self._ready[self._bucket_of[id(p)]] += 1
         while (len(self._launched) < len(self.buckets)
-               and self._ready[len(self._launched)] == len(self.buckets[len(self._launched)])):
+               and self._ready[len(self._launched)]
+               == self.accumulation * len(self.buckets[len(self._launched)])):
             self._launch(len(self._launched))
 
     def _launch(self, index: int) -> None:
@@ -215,6 +232,12 @@ def check_bucket_size(bucket_size_mb) -> None:
     if not bucket_size_mb > 0:
         raise ValueError(f"bucket_size_mb must be > 0 (or None for one bucket), "
                          f"not {bucket_size_mb}")
+
+
+def check_accumulation(backwards) -> None:
+    if isinstance(backwards, bool) or not isinstance(backwards, int) or backwards < 1:
+        raise ValueError(f"accumulation must be a whole number of backward passes >= 1, "
+                         f"not {backwards!r}")
 
 
 def make_buckets(params, bucket_size_mb: float | None) -> list[list[torch.Tensor]]:
