@@ -3,18 +3,22 @@ times its step exactly as the emulated real run does, and runs real sizes."""
 import inspect
 
 import pytest
+import torch.distributed as dist
 
 import lecture_lib
 from lecture_lib.costmodel import bus_factor
+from lecture_lib.data_parallel import DDPBucketed
 from lecture_lib.dims import ParallelDims, Recipe
-from lecture_lib.hybrid import check_hybrid, time_at_scale, train_hybrid
+from lecture_lib.hybrid import check_hybrid, parallelize, time_at_scale, train_hybrid
 from lecture_lib.hybrid.experiments import same_clock_real_and_dry
+from lecture_lib.mesh import RankGrid
 from lecture_lib.models import (
     GPT,
     GPTConfig,
     MarkovText,
     assert_same_training,
     real_size,
+    shard,
     train_reference,
 )
 
@@ -58,6 +62,27 @@ def _step_is_its_timed_phases(results, zero_stage):
     for r in results:
         assert set(r["step_seconds"]) == phases          # no cp: no cp sync phase
         assert all(v > 0 for v in r["step_seconds"].values())
+
+
+def _bucketed_dp_on_rank(microbatches):
+    """ZeRO-0's dp sync: the buckets go out during the last micro-batch's backward, so by
+    the time the step waits for them (finish_gradient_synchronization) all are in flight."""
+    dims, recipe = ParallelDims(dp=2), Recipe(microbatches=microbatches)
+    rank = parallelize(GPT(CFG, 0), dims, recipe, RankGrid.from_dims(dims), "sgd", 0.1)
+    ddp, in_flight = rank.ddp, []
+    finish = ddp.finish_gradient_synchronization
+    ddp.finish_gradient_synchronization = lambda: (in_flight.append(len(ddp._launched)), finish())
+    x, y = shard(MarkovText(CFG.vocab_size, CFG.seq_len).batch(0, BATCH), dist.get_rank(), 2)
+    rank.step(x, y)
+    return {"bucketed": isinstance(ddp, DDPBucketed), "accumulation": ddp.accumulation,
+            "buckets": len(ddp.buckets), "in_flight": in_flight}
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_data_parallel_axis_reduces_in_buckets_during_backward(microbatches):
+    for r in lecture_lib.run(_bucketed_dp_on_rank, 2, microbatches, timeout=120):
+        assert r["bucketed"] and r["accumulation"] == microbatches
+        assert r["in_flight"] == [r["buckets"]]          # every bucket launched before the wait
 
 
 @pytest.mark.parametrize("par, recipe, batch, match", [

@@ -11,7 +11,7 @@ ZeRO stage of its recipe (:class:`lecture_lib.dims.Recipe`);
 =========  ==============================================================  ===========
 strategy   pieces                                                          grid
 =========  ==============================================================  ===========
-ddp        :class:`~lecture_lib.data_parallel.DDPFlat`, AdamW                dp
+ddp        :class:`~lecture_lib.data_parallel.DDPBucketed`, AdamW            dp
 zero1      ``ShardedOptimizer(gradients="local")``, no all-reduce           dp
 zero2      :class:`~lecture_lib.zero.ShardedGradientOptimizer`               dp
 fsdp       :class:`~lecture_lib.zero.FullyShardedModel` (ZeRO-3)             dp

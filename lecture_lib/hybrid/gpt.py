@@ -9,7 +9,8 @@ Megatron-LM trains GPT-3 175B on 1024 GPUs by giving each scheme an axis of one 
          stage 0      stage 1            pp: contiguous blocks per stage; activations
     dp0 [r0 r1] ---> [r2 r3]                 forward, gradients back, per micro-batch
     dp1 [r4 r5] ---> [r6 r7]             dp: a shard of the batch; gradients averaged
-                                             once per step (r0 with r4, r1 with r5, ...)
+                                             once per step, in buckets during the last
+                                             backward (r0 with r4, r1 with r5, ...)
 
 A context-parallel axis ``cp`` (just outside tp) splits every sequence too: attention
 passes keys and values around the cp group (ring or Ulysses), and the cp ranks average
@@ -38,7 +39,7 @@ from ..context_parallel import (
     positions,
     sync_context_parallel_grads,
 )
-from ..data_parallel import DDPFlat
+from ..data_parallel import DDPBucketed
 from ..dims import ParallelDims, Recipe
 from ..mesh import RankGrid
 from ..models import GPT, GPTConfig, lm_loss, make_optimizer
@@ -59,6 +60,8 @@ from ..zero import (
     fsdp_gather_full_params,
     fsdp_on_after_backward,
 )
+
+BUCKET_MB = 25          # ZeRO-0's gradient buckets: torch DDP's default bucket_cap_mb
 
 
 def parallelize(model: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid,
@@ -90,7 +93,7 @@ class RankModel:
     """
 
     def __init__(self, dims: ParallelDims, recipe: Recipe, grid: RankGrid, module: nn.Module,
-                 optimizer: torch.optim.Optimizer, ddp: DDPFlat | None = None,
+                 optimizer: torch.optim.Optimizer, ddp: DDPBucketed | None = None,
                  activation_shape: tuple = (), loss_fn=lm_loss):
         self.dims, self.recipe, self.grid = dims, recipe, grid
         self.module, self.optimizer, self.ddp = module, optimizer, ddp
@@ -115,10 +118,13 @@ class RankModel:
         self.optimizer.zero_grad(set_to_none=True)
         if not self.runs_pipeline:
             return self._sharded_forward_backward(x, y)
+        executor = self._executor(x.shape[0])
+        if self.ddp is not None:                       # buckets go out in the last backward
+            self.ddp.accumulation = executor.schedule.microbatches
         with observe.span("pipeline"):                 # forward + backward of each micro-batch
-            loss = self._executor(x.shape[0]).step(x, y)
+            loss = executor.step(x, y)
         if self.ddp is not None:                       # ZeRO-1: in the optimizer's step
-            with observe.span("dp sync"):              # once per step, dp group only
+            with observe.span("dp sync"):              # wait for the buckets, dp group only
                 self.ddp.finish_gradient_synchronization()
         if self.dims.cp > 1:
             with observe.span("cp sync"):              # the same weights on every cp rank
@@ -192,8 +198,9 @@ def apply_context_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: R
 def apply_data_parallel(stage: nn.ModuleList, cfg: GPTConfig, dims: ParallelDims,
                         recipe: Recipe, grid: RankGrid, optimizer: str, lr: float,
                         loss_fn=lm_loss) -> RankModel:
-    """A pipeline stage over dp. ZeRO 0: its gradients all-reduced once per step
-    (:class:`DDPFlat`), then the one-process optimizer. ZeRO-1: no all-reduce; the optimizer
+    """A pipeline stage over dp. ZeRO 0: its gradients all-reduced in buckets of
+    :data:`BUCKET_MB` during the last micro-batch's backward (:class:`DDPBucketed`, notebook
+    02's DDP), then the one-process optimizer. ZeRO-1: no all-reduce; the optimizer
     reduce-scatters the local gradients, steps this rank's shards and all-gathers them
     (the same bytes: a ring all-reduce is a reduce-scatter and an all-gather)."""
     group = grid.group("dp")
@@ -203,8 +210,8 @@ def apply_data_parallel(stage: nn.ModuleList, cfg: GPTConfig, dims: ParallelDims
         opt = ShardedOptimizer(stage.parameters(), type(opt), group=group, gradients="local",
                                **_settings(opt))
         return RankModel(dims, recipe, grid, stage, opt, None, activations, loss_fn)
-    return RankModel(dims, recipe, grid, stage, opt, DDPFlat(stage, group=group), activations,
-                     loss_fn)
+    return RankModel(dims, recipe, grid, stage, opt, DDPBucketed(stage, BUCKET_MB, group=group),
+                     activations, loss_fn)
 
 
 def apply_sharded_data_parallel(gpt: GPT, dims: ParallelDims, recipe: Recipe, grid: RankGrid,

@@ -128,22 +128,28 @@ def gradient_norms(cfg, dims, recipe, batch):
             "global": once.item() ** 0.5, "every": every.item() ** 0.5}
 
 
-def waits_figure(waits: dict[str, float], one_node: list[str]):
+def waits_figure(waits: dict[str, float], one_node: list[str], floor: float = 1.0):
     """Section 5's figure: each layout's waiting per step (ms, log scale), the layouts in
-    ``one_node`` on one 8-GPU node, the rest (tp 8) on two nodes of 4 GPUs."""
+    ``one_node`` on one 8-GPU node, the rest (tp 8) on two nodes of 4 GPUs. A wait under
+    ``floor`` ms is drawn at ``floor`` as a hollow marker, labelled with its value."""
     fig, ax = plt.subplots(figsize=(10, 2.9))
     two_nodes = [n for n in waits if n not in one_node]
     for where, names, color, mark in (
             ("one node of 8 GPUs (NVLink)", one_node, plots.COLORS["comm"], "o"),
             ("two nodes of 4 GPUs\n(InfiniBand between)", two_nodes, "#8172B3", "s")):
         ys = [list(waits).index(n) for n in names]
-        ax.hlines(ys, 1, [waits[n] for n in names], color="0.85", zorder=1)
-        ax.plot([waits[n] for n in names], ys, mark, ms=8, color=color, ls="none", label=where)
+        at = [max(waits[n], floor) for n in names]
+        ax.hlines(ys, floor, at, color="0.85", zorder=1)
+        ax.plot(at, ys, mark, ms=8, color=color, ls="none", label=where)
+        low = [(x, y) for x, y, n in zip(at, ys, names) if waits[n] < floor]
+        if low:                                      # under the floor: hollow, at the floor
+            ax.plot(*zip(*low), mark, ms=8, mfc="white", mec=color, ls="none")
     for y, v in enumerate(waits.values()):
-        ax.annotate(f"{v:.0f} ms", (v, y), xytext=(8, 0), textcoords="offset points", va="center",
-                    fontsize=8)
+        label = f"{v:.0f} ms" if v >= floor else f"{v:.1f} ms (drawn at {floor:g})"
+        ax.annotate(label, (max(v, floor), y), xytext=(8, 0), textcoords="offset points",
+                    va="center", fontsize=8)
     ax.set_xscale("log")
-    plots.plain_log_ticks(ax.xaxis, 2, 2 * max(waits.values()), outer=True)
+    plots.plain_log_ticks(ax.xaxis, 0.7 * floor, 2 * max(waits.values()), outer=True)
     ax.set_yticks(range(len(waits)), list(waits))
     ax.invert_yaxis()
     ax.set_xlabel("waiting per step: communication, bubble (ms, emulated; log scale)")
