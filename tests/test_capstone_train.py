@@ -24,6 +24,7 @@ import lecture_lib
 from lecture_lib import metrics
 from lecture_lib.capstone import checkpoint, cli, elastic
 from lecture_lib.capstone.cli import main as cli_main
+from lecture_lib.capstone.experiments import resume_and_reshard
 from lecture_lib.capstone.loader import TokenLoader
 from lecture_lib.capstone.report import non_embedding_params
 from lecture_lib.capstone.train import TrainConfig, check_config, train
@@ -98,14 +99,17 @@ def test_resume_equals_uninterrupted(cfg, uninterrupted, tmp_path, name):
 
 
 def test_reshard_fsdp4_to_tp2_and_ddp2(cfg, uninterrupted, tmp_path):
-    train(cfg, timeout=120, steps=K, checkpoint_dir=str(tmp_path), checkpoint_every=K,
-          **RUNS["fsdp4"])
+    """resume_and_reshard (the notebook's first picture): fsdp(4) stops at a checkpoint at
+    step K; tp 2 and ddp 2 each continue from it, within RTOL of the uninterrupted fsdp(4)."""
+    got = resume_and_reshard(cfg, tmp_path, K, RUNS["fsdp4"],
+                             {"tp": RUNS["tp"], "ddp": RUNS["ddp"]}, timeout=120)
     ref = uninterrupted("fsdp4")
-    for target in ("tp", "ddp"):
-        got = train(cfg, timeout=120, checkpoint_dir=str(tmp_path), **RUNS[target])
-        assert got["first_step"] == K
-        print(target, got["losses"], ref[K:])
-        assert _close(got["losses"], ref[K:]), f"fsdp(4) -> {target}: {got['losses']}"
+    assert got["uninterrupted"] == ref and got["before"] == ref[:K]
+    for target, losses in got["resumed"].items():
+        assert _close(losses, ref[K:]), f"fsdp(4) -> {target}: {losses}"
+        assert got["gaps"][target] < RTOL
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
+        resume_and_reshard(cfg, tmp_path, K, RUNS["fsdp4"], {"ddp": RUNS["ddp"]})
 
 
 def _alive(pid: int) -> bool:

@@ -102,12 +102,13 @@ def collective_calls(run: dict, rank: int = 0) -> dict[str, tuple[int, float]]:
     return calls
 
 
-def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, fsdp4: dict,
-                            resharded: dict[str, dict], fail_at: int):
-    """Section 3's picture, two panels on one loss axis. Left: the ``ddp`` run killed at
-    ``fail_at`` and resumed (hollow circles) on the uninterrupted run (grey line). Right: FSDP on
-    4 ranks for the first half, then its checkpoint continued under each layout of ``resharded``,
-    on the same grey line."""
+def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, before: list[float],
+                            resharded: dict[str, list[float]], fail_at: int):
+    """The notebook's first picture, two panels on one loss axis. Left: the ``ddp`` run killed
+    at ``fail_at`` and resumed (``resumed``: its ``first_step`` and ``losses``; hollow circles)
+    on the uninterrupted run (grey line). Right: FSDP on 4 ranks for its first steps
+    (``before``), then its checkpoint continued under each layout of ``resharded`` (``{name:
+    losses}``), on the same grey line."""
     steps, first = len(uninterrupted), resumed["first_step"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
     for ax in axes:
@@ -121,10 +122,10 @@ def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, fsdp4: di
     left.axvline(first, color="0.5", linestyle="--", label=f"resumed from step {first}")
     left.set_title("Killed and resumed: the same losses")
     left.set_ylabel("training loss (nats/token)")
-    half = len(fsdp4["losses"])
-    right.plot(range(half), fsdp4["losses"], "s", color="C0", markersize=5, label="fsdp 4")
-    for i, (target, run) in enumerate(resharded.items()):   # a large hollow, a small filled
-        right.plot(range(half, steps), run["losses"], "^v"[i], color=f"C{i + 1}",
+    half = len(before)
+    right.plot(range(half), before, "s", color="C0", markersize=5, label="fsdp 4")
+    for i, (target, losses) in enumerate(resharded.items()):   # a large hollow, a small filled
+        right.plot(range(half, steps), losses, "^v"[i], color=f"C{i + 1}",
                    markersize=[9, 4][i], markerfacecolor=["none", f"C{i + 1}"][i],
                    label=f"then {target}")
     right.set_title("Resharded at a checkpoint: the same losses")
