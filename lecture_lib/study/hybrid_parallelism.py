@@ -128,33 +128,28 @@ def gradient_norms(cfg, dims, recipe, batch):
             "global": once.item() ** 0.5, "every": every.item() ** 0.5}
 
 
-def waits_figure(waits: dict[str, float], one_node: list[str], floor: float = 1.0):
-    """Section 5's figure: each layout's waiting per step (ms, log scale), the layouts in
-    ``one_node`` on one 8-GPU node, the rest (tp 8) on two nodes of 4 GPUs. A wait under
-    ``floor`` ms is drawn at ``floor`` as a hollow marker, labelled with its value."""
-    fig, ax = plt.subplots(figsize=(10, 2.9))
-    two_nodes = [n for n in waits if n not in one_node]
-    for where, names, color, mark in (
-            ("one node of 8 GPUs (NVLink)", one_node, plots.COLORS["comm"], "o"),
-            ("two nodes of 4 GPUs\n(InfiniBand between)", two_nodes, "#8172B3", "s")):
-        ys = [list(waits).index(n) for n in names]
-        at = [max(waits[n], floor) for n in names]
-        ax.hlines(ys, floor, at, color="0.85", zorder=1)
-        ax.plot(at, ys, mark, ms=8, color=color, ls="none", label=where)
-        low = [(x, y) for x, y, n in zip(at, ys, names) if waits[n] < floor]
-        if low:                                      # under the floor: hollow, at the floor
-            ax.plot(*zip(*low), mark, ms=8, mfc="white", mec=color, ls="none")
-    for y, v in enumerate(waits.values()):
-        label = f"{v:.0f} ms" if v >= floor else f"{v:.1f} ms (drawn at {floor:g})"
-        ax.annotate(label, (max(v, floor), y), xytext=(8, 0), textcoords="offset points",
-                    va="center", fontsize=8)
-    ax.set_xscale("log")
-    plots.plain_log_ticks(ax.xaxis, 0.7 * floor, 2 * max(waits.values()), outer=True)
-    ax.set_yticks(range(len(waits)), list(waits))
+def steps_figure(steps: dict[str, tuple[float, float]], clip: float, title: str):
+    """Section 5's figure: each layout's step (ms) as ``(computing, waiting)``, stacked on a
+    linear axis cut at ``clip`` ms; a longer step runs off the axis, its parts labelled."""
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    for y, (compute, wait) in enumerate(steps.values()):
+        ax.barh(y, compute, color=plots.COLORS["compute"], label="computing" if y == 0 else None)
+        ax.barh(y, wait, left=compute, color=plots.COLORS["comm"],
+                label="waiting: communication, bubble" if y == 0 else None)
+        total = compute + wait
+        if total > clip:                              # off the axis: say what it holds
+            text, at = (f"{total:.0f} ms, off the axis ({compute:.0f} computing, {wait:.0f} "
+                        f"waiting) →"), clip
+            ax.annotate(text, (at, y), xytext=(-4, 0), textcoords="offset points", ha="right",
+                        va="center", fontsize=8, color="white")
+        else:
+            ax.annotate(f"{total:.0f} ms", (total, y), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=8)
+    ax.set_xlim(0, clip)
+    ax.set_yticks(range(len(steps)), list(steps))
     ax.invert_yaxis()
-    ax.set_xlabel("waiting per step: communication, bubble (ms, emulated; log scale)")
-    ax.set_title(f"GPT-2 medium: dp 8 waits least, tp 8 most; across two nodes tp 8 waits "
-                 f"{waits['tp 8, two nodes'] / waits['tp 8']:.1f} times as long", fontsize=10)
+    ax.set_xlabel("time per step (ms, emulated)")
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     plots.stamp(fig, text="emulated: 8 x H100 (h100-node, or nodes of 4 GPUs joined by "
                 "InfiniBand), dry run of the real code")
