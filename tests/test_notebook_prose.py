@@ -115,8 +115,6 @@ ALLOWED = [
      "modelled, asserted after the planner's ranking (0.002 < third layout / fastest - 1 < 0.004)"),
     ("08_hybrid_parallelism.ipynb", "is within 0.3% of the fastest once it recomputes selectively",
      "modelled, asserted after the planner's ranking (isclose(selective, fastest, rel_tol=3e-3))"),
-    ("08_hybrid_parallelism.ipynb", "stages come within 0.3% of each other",
-     "modelled, asserted after the planner's ranking (0.002 < third layout / fastest - 1 < 0.004)"),
     ("08_hybrid_parallelism.ipynb", "the modelled 31% MFU",
      "modelled, asserted after the MFU cell (0.305 < gpt3_mfu < 0.315)"),
     ("08_hybrid_parallelism.ipynb", "140/312 × 3/4 = 33.7%",
