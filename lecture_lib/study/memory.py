@@ -151,15 +151,16 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
 
     Each row is a unit (embeddings, blocks, head), forward down the rows and backward back up;
     bars show a unit's all-gather from its call to the unit's first kernel, the unit computing
-    and, below them, narrower and outlined, the rank blocked on the all-gather; each panel spans
-    its own step; grey bands, one legend
+    and, below them, narrower and outlined, the rank blocked on the all-gather; the panels share
+    one time axis, so the shorter step ends sooner; grey bands, one legend
     entry, mark the stretches in no unit (:func:`outside_units`). ``titles`` names each case;
     the panel title adds the step, the exposed time and its part in the blocks; ``title``, if
     given, heads the figure. Returns the figure.
     """
     colors = {k: zero_shards.STATE_COLORS[v] for k, v in _SPAN_STATES.items()}
     colors["blocked"] = "#FF8C00"
-    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6))
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 6.6), sharex=True)
+    longest = max(at[case]["step"] for case in cases)
     for ax, case in zip(axes, cases):
         r = at[case]
         spans = r["unit_spans"]
@@ -176,8 +177,7 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
             ax.axvspan(a * 1e3, out[name][1] * 1e3, color="0.9", zorder=0, lw=0,
                        label=OUTSIDE_LABEL)
         ax.set_yticks(range(len(rows)), rows)
-        ax.set_xlim(0, 1.02 * r["step"] * 1e3)                  # each panel its own step
-        ax.set_xlabel("emulated time since the step's start (ms)")
+        ax.set_xlim(0, 1.02 * longest * 1e3)                     # one time axis for every panel
         ax.invert_yaxis()
         in_blocks = sum(b - a for k, u, *_, a, b in spans
                         if k == "blocked" and u.startswith("blocks."))
@@ -188,6 +188,7 @@ def draw_fsdp_timeline(at: dict, titles: dict, cases=("fsdp", "fsdp_no_prefetch"
     unique = dict(zip(labels, handles))
     for last in (OUTSIDE_LABEL, "end of the step"):                        # last in the legend
         unique[last] = unique.pop(last)
+    axes[-1].set_xlabel("emulated time since the step's start (ms)")
     axes[0].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
                    fontsize=8, handlelength=1.5)
     if title:
