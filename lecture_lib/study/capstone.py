@@ -103,17 +103,19 @@ def collective_calls(run: dict, rank: int = 0) -> dict[str, tuple[int, float]]:
 
 
 def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, before: list[float],
-                            resharded: dict[str, list[float]], fail_at: int):
+                            resharded: dict[str, list[float]], fail_at: int,
+                            fsdp_uninterrupted: list[float]):
     """The notebook's first picture, two panels on one loss axis. Left: the ``ddp`` run killed
     at ``fail_at`` and resumed (``resumed``: its ``first_step`` and ``losses``; hollow circles)
-    on the uninterrupted run (grey line). Right: FSDP on 4 ranks for its first steps
-    (``before``), then its checkpoint continued under each layout of ``resharded`` (``{name:
-    losses}``), on the same grey line."""
+    on the uninterrupted ``ddp`` run (``uninterrupted``, grey line). Right: FSDP on 4 ranks for
+    its first steps (``before``), then its checkpoint continued under each layout of
+    ``resharded`` (``{name: losses}``), on the uninterrupted FSDP run (``fsdp_uninterrupted``,
+    grey line)."""
     steps, first = len(uninterrupted), resumed["first_step"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
-    for ax in axes:
-        ax.plot(range(steps), uninterrupted, color="black", linewidth=3, alpha=0.3,
-                label="uninterrupted ddp 2")
+    for ax, line, name in zip(axes, (uninterrupted, fsdp_uninterrupted), ("ddp 2", "fsdp 4")):
+        ax.plot(range(steps), line, color="black", linewidth=3, alpha=0.3,
+                label=f"uninterrupted {name}")
         ax.set_xlabel("step")
     left, right = axes
     left.plot(range(first, steps), resumed["losses"], "o", color="C3", markersize=9,
@@ -123,7 +125,7 @@ def plot_resume_and_reshard(uninterrupted: list[float], resumed: dict, before: l
     left.set_title("Killed and resumed: the same losses")
     left.set_ylabel("training loss (nats/token)")
     half = len(before)
-    right.plot(range(half), before, "s", color="C0", markersize=5, label="fsdp 4")
+    right.plot(range(half), before, "s", color="C0", markersize=5, label="fsdp 4, stopped")
     for i, (target, losses) in enumerate(resharded.items()):   # a large hollow, a small filled
         right.plot(range(half, steps), losses, "^v"[i], color=f"C{i + 1}",
                    markersize=[9, 4][i], markerfacecolor=["none", f"C{i + 1}"][i],
