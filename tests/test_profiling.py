@@ -128,6 +128,19 @@ def test_diagnose_does_not_advise_what_the_run_already_does():
         profiling.diagnose(0.45, 0.5, comm_kinds={"all_reduce"}, overlapped="yes")
 
 
+def test_diagnose_traces_idle_time_to_exposed_communication_first():
+    """When exposed communication is most of the time the device idles, the busy rule points
+    at it, not at the batch size or host overhead; otherwise its advice is unchanged."""
+    d = profiling.diagnose(0.70, 0.30, comm_kinds={"all_reduce"}, overlapped=True)
+    assert d.comm_bound and d.underused
+    assert "exposed communication above" in d.findings[1] and "host overhead" not in d.findings[1]
+    most = profiling.diagnose(0.35, 0.40, comm_kinds={"all_reduce"})     # idle 60%, 35% exposed
+    assert "exposed communication above" in most.findings[1]
+    some = profiling.diagnose(0.31, 0.20, comm_kinds={"all_reduce"})     # idle 80%, 31% exposed
+    assert some.comm_bound and "host overhead" in some.findings[1]
+    assert "batch" in str(profiling.diagnose(0.2, 0.5))                   # not communication-bound
+
+
 def test_diagnose_advises_what_the_run_communicated():
     """A pipeline (sends and receives) is never told to bucket gradients; DP is."""
     pipe = profiling.diagnose(0.45, 0.5, comm_kinds={"send", "recv"})

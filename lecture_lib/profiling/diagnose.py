@@ -13,9 +13,11 @@ profiling chapter):
   micro-batches, an interleaved or zero-bubble schedule, balanced stages.
   Gathers and scatters of shards (ZeRO/FSDP, tensor parallelism), all-to-all
   (experts): prefetch or overlap them, keep the group on the fast link.
-* **device busy under 70% of the step**: the device is underused: raise the
-  batch (more work per launch and per message), or fix the pipeline when the
-  run is one (bubbles, a slow stage), or the host overhead between operators.
+* **device busy under 70% of the step**: the device is underused. When the
+  exposed communication is most of the time it idles, that is the cause: fix it
+  first. Otherwise raise the batch (more work per launch and per message), or
+  fix the pipeline when the run is one (bubbles, a slow stage), or the host
+  overhead between operators.
 
 ``comm_kinds`` (what :attr:`~.trace.RankProfile.comm_kinds` read from the
 trace) chooses the advice; without it the advice is the general one.
@@ -111,8 +113,11 @@ def diagnose(comm_share: float, busy_share: float, *, comm_kinds=None,
                         f"(> {comm_limit:.0%}): "
                         + _comm_advice(comm_kinds, overlapped))
     if underused:
+        idle_is_comm = comm_bound and comm_share >= (1 - busy_share) / 2
         findings.append(f"the device is busy only {busy_share:.0%} of the step "
-                        f"(< {busy_limit:.0%}): " + _busy_advice(comm_kinds))
+                        f"(< {busy_limit:.0%}): "
+                        + ("most of the idle time is the exposed communication above: fix it "
+                           "first" if idle_is_comm else _busy_advice(comm_kinds)))
     if not findings:
         findings.append(f"exposed communication {comm_share:.0%} (<= {comm_limit:.0%}) and "
                         f"device busy {busy_share:.0%} (>= {busy_limit:.0%}): no rule of thumb "
