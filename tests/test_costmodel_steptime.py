@@ -164,6 +164,26 @@ def test_bad_optimizer_and_overlap():
         Parallelism(ParallelDims(), dp_overlap="no")
 
 
+def test_zero3_gathers_the_parameters_for_every_microbatch():
+    """ZeRO-3 keeps only shards: each micro-batch all-gathers the parameters for its forward
+    and again for its backward, and reduce-scatters its gradients (DeepSpeed's stage 3
+    re-gathers per micro-batch), so m micro-batches cost m times one; ZeRO-2 gathers once."""
+    gpt3, link = PRESETS["GPT-3 175B"], A100_CLUSTER.inter
+    z2, z3 = (Parallelism(ParallelDims(dp=8, tp=8, pp=16), Recipe(zero_stage=z)) for z in (2, 3))
+    n = gpt3.num_params
+    gather = collective_time("all_gather", 2 * n / (8 * 16), 8, link)
+    one = grad_sync_seconds(n, 2, z3, 8, link, 1)
+    for m in (2, 4, 192):
+        assert grad_sync_seconds(n, 2, z3, 8, link, m) == pytest.approx(m * one, rel=1e-12)
+        extra = grad_sync_seconds(n, 2, z3, 8, link, m) - grad_sync_seconds(n, 2, z2, 8, link, m)
+        assert extra == pytest.approx((2 * m - 1) * gather, rel=1e-9)
+    def dp_comm(z, batch):
+        return step_time(gpt3, Parallelism(ParallelDims(dp=8, tp=8, pp=16),
+                                           Recipe(microbatch_size=1, zero_stage=z)),
+                         A100_CLUSTER, batch).dp_comm
+    assert dp_comm(3, 1536) > 100 * dp_comm(3, 8)          # 192 micro-batches, 192 rounds
+
+
 def test_zero2_reduce_scatters_every_microbatch():
     """ZeRO-2 keeps only its gradient shard: m micro-batches, m reductions of the gradients;
     ZeRO-1 accumulates full gradients and reduces once. One micro-batch: the same."""

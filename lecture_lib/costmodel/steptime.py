@@ -27,8 +27,10 @@ Megatron-LM", sections 3.1-3.3):
   ZeRO-2 and ZeRO-3 keep only a gradient shard, so under gradient accumulation
   they reduce-scatter every micro-batch's gradients (``m`` reduce-scatters per
   step, as DeepSpeed's stage 2 does), each overlapping its own micro-batch's
-  backward, then all-gather the parameters once; ZeRO-3 all-gathers them once
-  more (1.5x ZeRO-1's volume at ``m = 1``, the ZeRO paper, section 7);
+  backward. ZeRO-2 then all-gathers the parameters once. ZeRO-3 keeps only a
+  parameter shard too, so every micro-batch all-gathers the parameters for its
+  forward and again for its backward (1.5x ZeRO-1's volume at ``m = 1``, the ZeRO
+  paper, section 7; ``m`` times that at ``m`` micro-batches);
 * **memory-bound work**, only when the cluster states a ``memory_bandwidth``: the
   element-wise operations of each layer (stretched by the bubble like the compute),
   the optimizer update and the flat gradient buffer, at that bandwidth
@@ -198,14 +200,16 @@ def grad_sync_bytes(num_params: float, value_bytes: int, par: Parallelism,
 
 
 def _dp_collectives(num_params, value_bytes, par, ranks, link):
-    """(one reduce-scatter of the gradients, the all-gathers after the step) in seconds."""
+    """(the collectives of every micro-batch, those once per step) in seconds: ZeRO-0/1 one
+    all-reduce per step; ZeRO-2 a reduce-scatter per micro-batch and one all-gather per
+    step; ZeRO-3 per micro-batch a reduce-scatter and two all-gathers (forward, backward)."""
     d = par.dims
     nbytes = value_bytes * num_params / (d.tp * d.pp)
     if par.recipe.zero_stage < 2:
         return 0.0, collective_time("all_reduce", nbytes, ranks, link)
     rs = collective_time("reduce_scatter", nbytes, ranks, link)
-    gathers = 2 if par.recipe.zero_stage == 3 else 1
-    return rs, gathers * collective_time("all_gather", nbytes, ranks, link)
+    gather = collective_time("all_gather", nbytes, ranks, link)
+    return (rs + 2 * gather, 0.0) if par.recipe.zero_stage == 3 else (rs, gather)
 
 
 def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
@@ -214,13 +218,14 @@ def grad_sync_seconds(num_params: float, value_bytes: int, par: Parallelism, ran
 
     The device holds ``1/(tp pp)`` of ``num_params``, ``value_bytes`` each. ZeRO-0/1:
     one all-reduce per step. ZeRO-2: a reduce-scatter per micro-batch, then one
-    all-gather of the parameters; ZeRO-3 all-gathers once more (1.5x at one
-    micro-batch, Rajbhandari et al. 2020). Zero on one rank or without a link.
+    all-gather of the parameters. ZeRO-3: per micro-batch a reduce-scatter and two
+    all-gathers (1.5x ZeRO-1 at one micro-batch, Rajbhandari et al. 2020). Zero on one
+    rank or without a link.
     """
     if ranks == 1 or link is None:
         return 0.0
-    rs, after = _dp_collectives(num_params, value_bytes, par, ranks, link)
-    return gradient_reductions(par, microbatches) * rs + after if rs else after
+    each, after = _dp_collectives(num_params, value_bytes, par, ranks, link)
+    return gradient_reductions(par, microbatches) * each + after
 
 
 def grad_sync_exposed(num_params: float, value_bytes: int, par: Parallelism, ranks: int,
@@ -228,16 +233,16 @@ def grad_sync_exposed(num_params: float, value_bytes: int, par: Parallelism, ran
                       also: tuple = ()) -> float:
     """What of :func:`grad_sync_seconds` the backward passes leave exposed: the last
     micro-batch's backward hides the final sync; under ZeRO-2/3 each earlier
-    micro-batch's reduce-scatter hides behind its own backward (2/3 of its compute).
+    micro-batch's collectives hide behind its own backward (2/3 of its compute).
     ``also``: more ``(num_params, ranks)`` groups synced alongside (MoE's experts)."""
-    rs = after = 0.0
+    each = after = 0.0
     for n, r in ((num_params, ranks), *also):
         if r > 1 and link is not None:
             a, b = _dp_collectives(n, value_bytes, par, r, link)
-            rs, after = rs + a, after + b
+            each, after = each + a, after + b
     hidden = microbatch_compute * 2 / 3
-    earlier = (gradient_reductions(par, microbatches) - 1) * max(0.0, rs - hidden)
-    return earlier + exposed_after_backward(rs + after, microbatch_compute)
+    earlier = (gradient_reductions(par, microbatches) - 1) * max(0.0, each - hidden)
+    return earlier + exposed_after_backward(each + after, microbatch_compute)
 
 
 def exposed_after_backward(total: float, microbatch_compute: float) -> float:
