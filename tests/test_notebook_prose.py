@@ -115,6 +115,8 @@ ALLOWED = [
      "modelled, asserted after the planner's bars (several layouts within 1.02 x the fastest)"),
     ("08_hybrid_parallelism.ipynb", "within 0.3% of the fastest once it",
      "modelled, asserted after the planner's ranking (isclose(selective, fastest, rel_tol=3e-3))"),
+    ("08_hybrid_parallelism.ipynb", "run at 50% of the bf16 peak",
+     "configuration: costmodel's A100_CLUSTER.efficiency, asserted after the memory printout"),
     ("08_hybrid_parallelism.ipynb", "the modelled 31% MFU",
      "modelled, asserted after the MFU cell (0.305 < gpt3_mfu < 0.315)"),
     ("08_hybrid_parallelism.ipynb", "140/312 × 3/4 = 33.7%",
