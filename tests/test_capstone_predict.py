@@ -91,6 +91,23 @@ def test_a_predictions_memory_is_the_modelled_memory_at_its_layout():
     assert parts["tp"]["params"] < parts["ddp"]["params"]
 
 
+def test_modelled_memory_counts_the_states_autocast_keeps():
+    """The lab runs bf16 autocast: fp32 weights, gradients and AdamW state, so ZeRO-1 at
+    dp 4 holds 4 + 4 + 8/4 = 10 bytes per parameter (not mixed precision's 2 + 2 + 12/4 = 7),
+    and the states ``predict`` counts in the dry run are what the model says."""
+    model = real_size("GPT-2 small")
+    dims, _ = strategy_layout("zero1", 4, model)
+    mem = modelled_memory(model, dims, 1, 16)
+    states = sum(mem[k] for k in ("params", "grads", "optimizer"))
+    assert states / model.num_params() == pytest.approx(10)
+    small = real_size("GPT-2 small", n_layers=2)
+    row = predict("zero1", 2, model=small, global_batch=4)
+    dims, _ = strategy_layout("zero1", 2, small)
+    counted = modelled_memory(small, dims, 1, row["settings"]["micro-batch size"])
+    assert row["state_bytes_counted"] == pytest.approx(
+        sum(counted[k] for k in ("params", "grads", "optimizer")), rel=0.01)
+
+
 def test_layouts_of_the_strategies_on_gpt2_small():
     for world in (4, 8):
         for strategy in ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp", "3d"):

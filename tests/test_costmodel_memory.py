@@ -55,3 +55,17 @@ def test_memory_per_device_divides_by_tp_and_pp():
 def test_bad_sizes_are_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_autocast_keeps_fp32_states_and_16_bit_activations():
+    """bf16 autocast (fp32 weights, gradients and Adam state; 16-bit activations): the states
+    of fp32, the activations of mixed precision. ZeRO-1 at dp 4: 4 + 4 + 8/4 = 10 bytes."""
+    shape = cm.PRESETS["GPT-3 175B"]
+    auto, mixed, fp32 = (cm.memory_per_device(shape, 4, 8, 16, 1, precision=p)
+                         for p in ("autocast (bf16 compute, fp32 weights)",
+                                   "mixed (bf16/fp16 + fp32 master)", "fp32"))
+    for kind in ("params", "grads", "optimizer"):
+        assert auto[kind] == fp32[kind]
+    assert auto["activations"] == mixed["activations"] == fp32["activations"] / 2
+    per_param = sum(auto[k] for k in ("params", "grads", "optimizer")) / (shape.num_params / 128)
+    assert per_param == pytest.approx(10)

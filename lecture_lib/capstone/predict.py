@@ -14,8 +14,9 @@ What the prediction assumes, and a real run must match to be compared with it (t
 no activation checkpointing, eager kernel launches (no CUDA graphs, no ``torch.compile``),
 and the micro-batches of :func:`strategy_layout`. MFU is against the device's bf16 dense
 peak (989 TFLOP/s on the H100 SXM, 312 on the A100). Memory per GPU is the memory model's
-(:func:`lecture_lib.costmodel.context_parallel.memory_per_device_cp`: 16 bytes of state per
-parameter, bf16 activations without recomputation; the logits are not counted).
+(:func:`lecture_lib.costmodel.context_parallel.memory_per_device_cp`: the fp32 states autocast
+keeps, 4 + 4 + 8 bytes per parameter divided as the ZeRO stage divides them, bf16 activations
+without recomputation; the logits are not counted).
 """
 from __future__ import annotations
 
@@ -91,10 +92,13 @@ def predict_on_rank(strategy: str, model: GPTConfig, dims: ParallelDims, recipe:
 
 def modelled_memory(model: GPTConfig, dims: ParallelDims, zero_stage: int, microbatch: int) -> dict:
     """Bytes per GPU by kind (params, grads, optimizer, activations, total) that a prediction
-    reports: :func:`memory_per_device_cp` at ``dims``, ``zero_stage`` and ``microbatch``."""
+    reports: :func:`memory_per_device_cp` at ``dims``, ``zero_stage`` and ``microbatch``, with
+    the states bf16 autocast keeps (fp32 weights, gradients and AdamW state) and 16-bit
+    activations."""
     shape = TransformerShape(model_name(model), model.n_layers, model.d_model, model.n_heads,
                              model.vocab_size, model.seq_len, model.num_params())
-    return memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, zero_stage, microbatch)
+    return memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, zero_stage, microbatch,
+                                precision="autocast (bf16 compute, fp32 weights)")
 
 
 def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig = GPT2_SMALL,
@@ -116,8 +120,9 @@ def predict(strategy: str, world_size: int, preset="h100-node", model: GPTConfig
                  peak_flops=device.bf16_flops,
                  peak=f"{device.name} bf16 dense peak, {device.bf16_flops / 1e12:g} TFLOP/s",
                  memory=memory["total"],
-                 memory_kind="modelled: 16 B of state per parameter (ZeRO paper) + bf16 "
-                             "activations (Korthikanti et al. 2022), logits not counted",
+                 memory_kind="modelled: fp32 weights, gradients and AdamW state (ZeRO paper's "
+                             "stages) + bf16 activations (Korthikanti et al. 2022), logits not "
+                             "counted",
                  time_kind=f"{emulate.label(cluster)} (dry run)",
                  hardware=f"{world_size} x {device.name}, {cluster.gpus_per_node} per node",
                  timing=f"emulated: step {STEPS} of {STEPS} (the first dropped), from the end "

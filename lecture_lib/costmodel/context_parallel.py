@@ -120,7 +120,8 @@ def cp_exposed_comm(shape: TransformerShape, microbatch_size: int, cp: int, link
 
 def memory_per_device_cp(shape: TransformerShape, cp: int = 1, dp: int = 1, tp: int = 1,
                          pp: int = 1, zero_stage: int = 0, microbatch_size: int = 1,
-                         recompute: str = "none", sequence_parallel: bool = False) -> dict:
+                         recompute: str = "none", sequence_parallel: bool = False,
+                         precision: str = "mixed (bf16/fp16 + fp32 master)") -> dict:
     """:func:`.memory.memory_per_device` with the sequence split over ``cp`` ranks.
 
     Activations divide by ``cp``; model states are sharded (ZeRO) over the
@@ -129,7 +130,8 @@ def memory_per_device_cp(shape: TransformerShape, cp: int = 1, dp: int = 1, tp: 
     """
     _check(cp=cp)
     mem = memory_per_device(shape, dp * cp, tp, pp, zero_stage, microbatch_size,
-                            recompute=recompute, sequence_parallel=sequence_parallel)
+                            recompute=recompute, sequence_parallel=sequence_parallel,
+                            precision=precision)
     mem["activations"] /= cp
     mem["total"] = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations"]
     return mem

@@ -160,7 +160,11 @@ PRECISIONS = {
     # bytes per parameter: (params, grads, optimizer state) for Adam
     "mixed (bf16/fp16 + fp32 master)": (2, 2, 12),
     "fp32": (4, 4, 8),
+    # torch.autocast: fp32 weights, gradients and Adam state; matmuls and activations in bf16
+    "autocast (bf16 compute, fp32 weights)": (4, 4, 8),
 }
+ACTIVATION_BYTES = {"mixed (bf16/fp16 + fp32 master)": 2, "fp32": 4,
+                    "autocast (bf16 compute, fp32 weights)": 2}
 
 
 def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -172,7 +176,8 @@ def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int
     Model states: Psi / (tp * pp) parameters per model replica slice, then
     ZeRO over ``dp``. Activations: ``layers`` layers' worth (1F1B's first
     stage) of :func:`activation_bytes_per_layer` (16-bit activations; doubled
-    for fp32).
+    for fp32). ``precision``: a key of :data:`PRECISIONS`; under autocast the states
+    are fp32's and the activations 16-bit.
     """
     if not isinstance(shape, TransformerShape):
         raise TypeError(f"shape must be a TransformerShape, not {type(shape).__name__}")
@@ -189,7 +194,7 @@ def memory_per_device(shape: TransformerShape, dp: int = 1, tp: int = 1, pp: int
                                    g_bytes)
     per_layer = activation_bytes_per_layer(seq_len or shape.seq_len, microbatch_size, shape.hidden,
                                            shape.heads, tp, sequence_parallel, recompute)
-    activations = per_layer * shape.layers * (p_bytes / 2)
+    activations = per_layer * shape.layers * (ACTIVATION_BYTES[precision] / 2)
     out = {k_: states[k_] for k_ in ("params", "grads", "optimizer")}
     out["activations"] = activations
     out["total"] = sum(out.values())
