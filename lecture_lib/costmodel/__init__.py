@@ -83,7 +83,9 @@ from .planner import (
 )
 from .steptime import (
                    A100_CLUSTER,
+                   ASSUMED,
                    H100_CLUSTER,
+                   Assumptions,
                    Cluster,
                    Parallelism,
                    StepTime,

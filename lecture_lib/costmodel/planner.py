@@ -20,6 +20,8 @@ from .memory import TransformerShape, memory_per_device
 from .moe import MoESpec, dispatch_buffer_bytes, memory_per_device_ep, moe_param_split
 from .search_space import candidates, divisors
 from .steptime import (
+    ASSUMED,
+    Assumptions,
     Cluster,
     Parallelism,
     StepTime,
@@ -41,8 +43,8 @@ class Plan:
 
 
 def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int | None = None,
-         devices: int | None = None) -> list[Plan]:
-    """Configurations that fit, fastest first."""
+         devices: int | None = None, assumptions: Assumptions = ASSUMED) -> list[Plan]:
+    """Configurations that fit, fastest first, under the step model's ``assumptions``."""
     devices = devices or cluster.devices
     if global_batch < 1:
         raise ValueError(f"global batch must be >= 1, not {global_batch}")
@@ -53,7 +55,8 @@ def plan(shape: TransformerShape, cluster: Cluster, global_batch: int, top: int 
                                 recompute=par.recompute)
         if mem["total"] > cluster.memory_bytes:
             continue
-        found.append(Plan(par, step_time(shape, par, cluster, global_batch), mem))
+        found.append(Plan(par, step_time(shape, par, cluster, global_batch,
+                                         assumptions=assumptions), mem))
     if not found:
         raise ValueError(f"no configuration of {shape.name} on {devices} devices with a global "
                          f"batch of {global_batch} fits in {cluster.memory_bytes / 1e9:g} GB per "

@@ -59,6 +59,37 @@ RECOMPUTE_FLOPS = {"none": 1.0, "selective": 1.0, "full": 4 / 3}
 
 
 @dataclass(frozen=True)
+class Assumptions:
+    """Two things the step model takes as given, as parameters; the defaults are the course's.
+
+    ``selective_extra``: the FLOPs selective recomputation adds, as a share of a step's
+    (default 0: free; :func:`selective_recompute_share` gives what it recomputes).
+    ``dp_exposed_share``: the share of the data-parallel collectives that nothing hides, a
+    floor on their exposed time (default 0: backward hides what it can).
+    """
+    selective_extra: float = 0.0
+    dp_exposed_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.selective_extra <= RECOMPUTE_FLOPS["full"] - 1:
+            raise ValueError(f"selective_extra must lie in [0, 1/3] (full recomputation adds "
+                             f"a third), not {self.selective_extra!r}")
+        if not 0 <= self.dp_exposed_share <= 1:
+            raise ValueError(f"dp_exposed_share must lie in [0, 1], not {self.dp_exposed_share!r}")
+
+
+ASSUMED = Assumptions()
+
+
+def selective_recompute_share(shape: TransformerShape) -> float:
+    """The FLOPs selective recomputation adds to a step: core attention's forward
+    (Korthikanti et al. 2022 recompute it), 4 b s^2 h per layer, over a layer's training
+    FLOPs, 3 (24 b s h^2 + 4 b s^2 h) (Narayanan et al. 2021): s / (18 h + 3 s)."""
+    s, h = shape.seq_len, shape.hidden
+    return s / (18 * h + 3 * s)
+
+
+@dataclass(frozen=True)
 class Cluster:
     """Devices in nodes: a compute rate, a memory size, and the two tiers of links."""
     name: str
@@ -263,14 +294,19 @@ def vocabulary_all_reduces(act_bytes: float, tokens: int, tp: int, pp: int,
 
 
 def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
-              global_batch: int, value_bytes: int = 2, optimizer: str = "adamw") -> StepTime:
+              global_batch: int, value_bytes: int = 2, optimizer: str = "adamw",
+              assumptions: Assumptions = ASSUMED) -> StepTime:
     """Modelled seconds per training step, split into its parts.
 
     ``value_bytes``: bytes of one activation or gradient value on the wire (2 for the
     16-bit training of large models, 4 for fp32 training as in the course's small runs).
     ``optimizer`` ("adamw" or "sgd") counts only where the cluster models memory.
+    ``assumptions``: what selective recomputation costs and how much of the data-parallel
+    collectives stays exposed (:class:`Assumptions`).
     """
     check_optimizer(optimizer)
+    if not isinstance(assumptions, Assumptions):
+        raise TypeError(f"assumptions must be an Assumptions, not {type(assumptions).__name__}")
     dp, tp, pp = par.dims.dp, par.dims.tp, par.dims.pp
     if shape.layers % pp:
         raise ValueError(f"pp={pp} does not divide {shape.layers} layers")
@@ -279,7 +315,10 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     m, microbatch_size = par.recipe.split(global_batch, dp)
     tokens = global_batch * shape.seq_len
     rate = cluster.peak_flops * cluster.efficiency
-    compute = training_flops(shape, tokens, par.recompute) / par.devices / rate
+    flops = training_flops(shape, tokens, par.recompute)
+    if par.recompute == "selective":
+        flops *= 1 + assumptions.selective_extra
+    compute = flops / par.devices / rate
     compute += cluster.layer_overhead * m * (shape.layers // pp)
     memory = {}
     if cluster.memory_bandwidth != float("inf"):
@@ -302,12 +341,14 @@ def step_time(shape: TransformerShape, par: Parallelism, cluster: Cluster,
     pp_comm = 2 * m * (pp_link.alpha + act_bytes / tp / pp_link.beta) if pp_link else 0.0
 
     dp_link = group_link(par, "dp", cluster)
+    dp_total = grad_sync_seconds(shape.num_params, value_bytes, par, dp, dp_link, m)
     if par.dp_overlap:
-        dp_comm = grad_sync_exposed(shape.num_params, value_bytes, par, dp, dp_link, m,
-                                    pipelined / m)
+        dp_comm = max(grad_sync_exposed(shape.num_params, value_bytes, par, dp, dp_link, m,
+                                        pipelined / m),
+                      assumptions.dp_exposed_share * dp_total)
     else:
-        dp_comm = grad_sync_seconds(shape.num_params, value_bytes, par, dp, dp_link, m)
-    details = {"flops_per_device": training_flops(shape, tokens, par.recompute) / par.devices,
+        dp_comm = dp_total
+    details = {"flops_per_device": flops / par.devices,
                "links": {a: (group_link(par, a, cluster).name if group_link(par, a, cluster)
                              else "-") for a in AXES}, "memory-bound": memory}
     return StepTime(compute, bubble, tp_comm, pp_comm, dp_comm, m, details, sum(memory.values()))
