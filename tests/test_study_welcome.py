@@ -42,7 +42,7 @@ def test_notebook_00_course_map_minutes_are_recomputed():
     course_map = next("".join(c["source"]) for c in cells
                       if c["cell_type"] == "markdown" and "| minutes |" in "".join(c["source"]))
     shown = table_column(course_map, "minutes")
-    computed = {stem[:2]: str(minutes)
+    computed = {stem.split("_")[0]: str(minutes)
                 for stem, minutes in reading_table(ROOT / "notebooks").items()
                 if not stem.startswith("00")}
     assert shown == computed, (

@@ -1,4 +1,4 @@
-"""The memory notebook's hand calculations: bytes per parameter under ZeRO; 70B on 64 H100s.
+"""Notebook 03b (ZeRO and FSDP): its hand calculations, and its FSDP timeline read and drawn.
 
 * Q2: model-state bytes per rank per parameter, mixed-precision Adam (2 + 2 + 12),
   ``costmodel.model_state_breakdown`` (Rajbhandari et al. 2020, section 3.1).
@@ -78,7 +78,7 @@ def in_flight_while_computing(r: dict, nxt: str, cur: str, phase: str) -> bool:
 
 
 def fsdp_timeline(on: dict, off: dict) -> dict:
-    """Section 6's FSDP timeline (``zero.emulated.time_at_scale`` cases, prefetch on and off).
+    """Section 3's FSDP timeline (``zero.emulated.time_at_scale`` cases, prefetch on and off).
 
     ``parts``: the exposed time split by where the rank waits (blocks, embeddings, head);
     ``worst``: over the blocks after block 0's forward, the largest ratio of the wait with

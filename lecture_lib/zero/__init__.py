@@ -15,7 +15,7 @@ data-parallel ranks instead, rank r owning the r-th 1/N of every parameter.
 * ``fsdp_api.py``: CS336's interface (``get_fsdp``, ``fsdp_on_after_backward``,
   ``fsdp_gather_full_params``) and per-rank sharded checkpoints.
 * ``experiments.py``: ``shard_model``, ``train_sharded``, ``held_bytes``,
-  ``train_fsdp``, ``fsdp2_side_by_side``, what notebook 03 runs;
+  ``train_fsdp``, ``fsdp2_side_by_side``, what notebook 03b runs;
   ``fsdp_experiments.py``: bytes sent per step, memory with and without resharding,
   prefetch timelines in real and emulated time; ``emulated.py``: every stage's step
   time and its split, on a small model or, in the dry run, at real size (``time_at_scale``).

@@ -1,4 +1,4 @@
-"""What notebook 03 measures about FSDP: bytes on the wire, memory, prefetch timelines.
+"""What notebook 03b measures about FSDP: bytes on the wire, memory, prefetch timelines.
 
 * :func:`measure_comm_volume`: the bytes a rank sends in one step, from the
   :func:`lecture_lib.comm.record_comm` recorder, for ZeRO-1, ZeRO-2 and FSDP

@@ -3,9 +3,9 @@
 ``make test-browser`` runs this. It starts JupyterLab exactly as ``make course`` does
 (``tools/course.py``: a free port, a token) on a temporary copy of ``notebooks/`` (running
 cells from the UI saves outputs; the committed notebooks stay output-free), opens notebook 00
-and notebook 03, runs all cells from the Run menu, waits for the kernel to finish, and checks
+and notebook 03b, runs all cells from the Run menu, waits for the kernel to finish, and checks
 that no cell shows an error, that the ``%%ranks`` cell of notebook 00 shows one value per
-rank, and that notebook 03's memory calculator is drawn (controls and figure) and redraws
+rank, and that notebook 03b's memory calculator is drawn (controls and figure) and redraws
 with a different figure and text when a control changes. Screenshots go to build/browser/.
 """
 from __future__ import annotations
@@ -199,9 +199,9 @@ def test_notebook_00_runs_in_the_browser_with_a_rank_cell(page, lab):
     check_saved(save_and_read(page, lab, "00_welcome.ipynb"))
 
 
-def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
-    seconds = open_and_run_all(page, lab, "03_memory.ipynb")
-    print(f"notebook 03: Run All Cells took {seconds:.0f} s in the browser")
+def test_notebook_03b_memory_calculator_draws_and_redraws(page, lab):
+    seconds = open_and_run_all(page, lab, "03b_zero_and_fsdp.ipynb")
+    print(f"notebook 03b: Run All Cells took {seconds:.0f} s in the browser")
     assert errors_shown(page) == []
     panel = page.locator(f"{PANEL} .lecture-explorer").first
     panel.scroll_into_view_if_needed()
@@ -228,4 +228,4 @@ def test_notebook_03_memory_calculator_draws_and_redraws(page, lab):
     assert before_png.startswith(b"\x89PNG") and after_png.startswith(b"\x89PNG")
     assert after_png != before_png, "the figure did not change when dp changed"
     assert errors_shown(page) == []
-    check_saved(save_and_read(page, lab, "03_memory.ipynb"))
+    check_saved(save_and_read(page, lab, "03b_zero_and_fsdp.ipynb"))
