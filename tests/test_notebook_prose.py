@@ -106,9 +106,6 @@ ALLOWED = [
     ("A2_the_emulated_cluster.ipynb", "at 4 and 8 MiB and less from 16 MiB on",
      "emulated, asserted after the all-reduce cell (with NVLS dearer at exactly 4 and 8 MiB, "
      "by < 2%)"),
-    ("08_hybrid_parallelism.ipynb", "frees over 40% of the activations",
-     "formula (Korthikanti Table 2), asserted after the recomputation table "
-     "(none - selective > 0.4 none)"),
     ("08_hybrid_parallelism.ipynb", "lie within 2% of the fastest",
      "modelled, asserted after the planner's bars (several layouts within 1.02 x the fastest)"),
     ("08_hybrid_parallelism.ipynb", "within 0.3% of the fastest once it",
