@@ -130,6 +130,31 @@ class MixedPrecisionTrainer:
         return held
 
 
+def fp16_underflow(make_model, x, y, scales=(1.0, 2.0 ** 16)) -> dict:
+    """How many of a backward's gradient values fp16 loses, at each loss scale.
+
+    The fp32 backward of ``make_model()`` on ``(x, y)`` is the reference: its nonzero gradient
+    values. For each scale S a fresh ``make_model()``, cast to fp16, runs backward on S x loss.
+    Counted per scale: ``"nonzero"`` (the reference's), ``"zero in fp16"`` (of those, the ones
+    that come out zero: underflow) and ``"not finite"`` (inf or NaN: overflow).
+    ``make_model`` must build the same weights at every call.
+    """
+    if any(s <= 0 for s in scales):
+        raise ValueError(f"scales must be positive, not {scales}")
+    ref = make_model()
+    ref(x, y).float().backward()
+    nonzero = {n: p.grad != 0 for n, p in ref.named_parameters() if p.grad is not None}
+    out = {}
+    for s in scales:
+        half = make_model().to(torch.float16)
+        (half(x, y).float() * s).backward()
+        grad = {n: p.grad for n, p in half.named_parameters()}
+        out[s] = {"nonzero": sum(int(m.sum()) for m in nonzero.values()),
+                  "zero in fp16": sum(int((grad[n][m] == 0).sum()) for n, m in nonzero.items()),
+                  "not finite": sum(int((~torch.isfinite(grad[n])).sum()) for n in nonzero)}
+    return out
+
+
 def train_precision(make_model, batches, steps: int, dtype: str = "bf16", lr: float = 1e-2,
                     **kwargs) -> dict:
     """Train a fresh ``make_model()`` with :class:`MixedPrecisionTrainer`; losses and bytes."""

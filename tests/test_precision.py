@@ -99,3 +99,37 @@ def test_checkpointing_counts_one_more_forward():
     plain, ckpt = (P.activation_profile(GPT(GPTConfig(n_layers=2)), x, y, on)
                    ["step_flops"] for on in (False, True))
     assert 1.1 < ckpt / plain <= 4 / 3, (plain, ckpt)    # embeddings and head are not recomputed
+
+
+class _Tiny(torch.nn.Module):
+    """loss = w * x * x: in fp16 the gradient x^2 = 1e-8 lies below the smallest subnormal."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, y):
+        return (self.w * x.to(self.w.dtype) * x.to(self.w.dtype)).sum()
+
+
+def test_fp16_underflow_counts_gradients_that_round_to_zero():
+    x = torch.full((1,), 1e-4)
+    counted = P.fp16_underflow(_Tiny, x, None, scales=(1.0, 1024.0, 2.0 ** 40))
+    assert counted[1.0] == {"nonzero": 1, "zero in fp16": 1, "not finite": 0}      # 1e-8 underflows
+    assert counted[1024.0] == {"nonzero": 1, "zero in fp16": 0, "not finite": 0}   # scaled: kept
+    assert counted[2.0 ** 40]["not finite"] == 1                                   # too large: inf
+
+
+def test_fp16_underflow_on_the_small_gpt_is_lifted_by_a_scale_and_overflows_past_it():
+    x, y = DATA.batch(0, 16)
+    counted = P.fp16_underflow(lambda: GPT(CFG), x, y, scales=(1.0, 256.0, 2.0 ** 16))
+    one, lifted, huge = (counted[s] for s in (1.0, 256.0, 2.0 ** 16))
+    assert one["nonzero"] > 0.99 * sum(p.numel() for p in GPT(CFG).parameters())
+    assert one["zero in fp16"] > 0 and one["not finite"] == 0
+    assert lifted["zero in fp16"] < one["zero in fp16"] and lifted["not finite"] == 0
+    assert huge["not finite"] > 0          # the first step of training overflows too
+
+
+def test_fp16_underflow_refuses_a_scale_that_is_not_positive():
+    with pytest.raises(ValueError, match="scales must be positive"):
+        P.fp16_underflow(lambda: GPT(CFG), *DATA.batch(0, 2), scales=(0.0,))
