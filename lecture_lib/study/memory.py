@@ -1,20 +1,23 @@
-"""Notebook 03 (memory): its hand calculation, GPT-2 small's activations at real size.
+"""Notebook 03 (memory): GPT-2 small's activations at real size (section 3), and Q2.
 
-* Q2: GPT-2 small (``models.REAL_SIZE``) on one GPU, 8 sequences of 1024 tokens under bf16
-  autocast (16-bit activations, fp32 weights, gradients and AdamW state): the activations it
-  keeps with no recomputation, selective recomputation and every block checkpointed
-  (``costmodel.memory_per_device``, activations after Korthikanti et al. 2022, Table 2), one
-  layer's activations (what a checkpointed block rebuilds in its backward), and its model state.
+* ``gpt2_small_memory``: GPT-2 small (``models.REAL_SIZE``) on one GPU, 8 sequences of 1024
+  tokens under bf16 autocast (16-bit activations; fp32 weights, gradients and AdamW state), by
+  recomputation (``costmodel.memory_per_device``, activations after Korthikanti et al. 2022,
+  Table 2).
+* Q2: the Llama-style 8B preset (``costmodel.PRESETS``), one sequence of 4096 tokens, 16-bit
+  activations: the activations it keeps per layer and in all with no recomputation, with
+  selective recomputation and with every layer checkpointed.
 """
 from __future__ import annotations
 
-from ..costmodel import memory_per_device
+from ..costmodel import PRESETS, memory_per_device
 from ..costmodel.memory import TransformerShape
 from ..models import REAL_SIZE
 from . import fmt
 
 AUTOCAST = "autocast (bf16 compute, fp32 weights)"
 SEQUENCES = 8
+RECOMPUTE = ("none", "selective", "full")
 
 
 def gpt2_small_memory(recompute: str) -> dict:
@@ -27,12 +30,11 @@ def gpt2_small_memory(recompute: str) -> dict:
 
 
 def q2() -> list[str]:
-    runs = {r: gpt2_small_memory(r) for r in ("none", "selective", "full")}
-    layer = runs["none"]["activations"] / REAL_SIZE["GPT-2 small"].n_layers
-    state = sum(runs["none"][k] for k in ("params", "grads", "optimizer"))
-    return [fmt(runs["none"]["activations"] / 1e9, "GB"), fmt(layer / 1e6, "MB"),
-            fmt(runs["selective"]["activations"] / 1e9, "GB"),
-            fmt(runs["full"]["activations"] / 1e6, "MB"), fmt(state / 1e9, "GB")]
+    shape = PRESETS["Llama-style 8B"]
+    acts = {rc: memory_per_device(shape, seq_len=4096, microbatch_size=1,
+                                  recompute=rc)["activations"] for rc in RECOMPUTE}
+    return [fmt(acts["none"] / shape.layers / 1e9, "GB"), fmt(acts["none"] / 1e9, "GB"),
+            fmt(acts["selective"] / 1e9, "GB"), fmt(acts["full"] / 1e9, "GB")]
 
 
 ANSWERS = {"Q2": q2}
