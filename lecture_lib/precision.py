@@ -130,28 +130,42 @@ class MixedPrecisionTrainer:
         return held
 
 
+FP16_SMALLEST_NORMAL = 2.0 ** -14     # below it fp16 keeps fewer significant bits (subnormal)
+
+
 def fp16_underflow(make_model, x, y, scales=(1.0, 2.0 ** 16)) -> dict:
-    """How many of a backward's gradient values fp16 loses, at each loss scale.
+    """What an fp16 backward does to the gradients, at each loss scale.
 
     The fp32 backward of ``make_model()`` on ``(x, y)`` is the reference: its nonzero gradient
     values. For each scale S a fresh ``make_model()``, cast to fp16, runs backward on S x loss.
-    Counted per scale: ``"nonzero"`` (the reference's), ``"zero in fp16"`` (of those, the ones
-    that come out zero: underflow) and ``"not finite"`` (inf or NaN: overflow).
-    ``make_model`` must build the same weights at every call.
+    Per scale: ``"nonzero"`` (the reference's count); of those, ``"zero in fp16"`` (underflow)
+    and ``"subnormal in fp16"`` (nonzero but below fp16's smallest normal, 2^-14: fewer bits);
+    ``"not finite"`` (inf or NaN: overflow); ``"error p90"``, the 90th percentile of the
+    relative error of the unscaled fp16 gradients against the reference (NaN after an
+    overflow). ``make_model`` must build the same weights at every call.
     """
     if any(s <= 0 for s in scales):
         raise ValueError(f"scales must be positive, not {scales}")
     ref = make_model()
     ref(x, y).float().backward()
-    nonzero = {n: p.grad != 0 for n, p in ref.named_parameters() if p.grad is not None}
+    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    nonzero = {n: g != 0 for n, g in want.items()}
     out = {}
     for s in scales:
         half = make_model().to(torch.float16)
         (half(x, y).float() * s).backward()
         grad = {n: p.grad for n, p in half.named_parameters()}
-        out[s] = {"nonzero": sum(int(m.sum()) for m in nonzero.values()),
-                  "zero in fp16": sum(int((grad[n][m] == 0).sum()) for n, m in nonzero.items()),
-                  "not finite": sum(int((~torch.isfinite(grad[n])).sum()) for n in nonzero)}
+        kept = torch.cat([grad[n][m].float() for n, m in nonzero.items()])
+        ref_kept = torch.cat([want[n][m] for n, m in nonzero.items()])
+        finite = bool(torch.isfinite(kept).all())
+        error = ((kept / s - ref_kept).abs() / ref_kept.abs()).quantile(0.9).item() if finite \
+            else float("nan")
+        out[s] = {"nonzero": kept.numel(),
+                  "zero in fp16": int((kept == 0).sum()),
+                  "subnormal in fp16": int(((kept != 0)
+                                             & (kept.abs() < FP16_SMALLEST_NORMAL)).sum()),
+                  "not finite": sum(int((~torch.isfinite(grad[n])).sum()) for n in nonzero),
+                  "error p90": error}
     return out
 
 

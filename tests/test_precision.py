@@ -8,6 +8,8 @@ GradScaler, so it trails fp32 by a step);
 bytes per parameter within 1% of 2 + 2 + 12; checkpointed gradients equal to the
 plain ones (rtol 1e-6).
 """
+import math
+
 import pytest
 import torch
 
@@ -112,12 +114,16 @@ class _Tiny(torch.nn.Module):
         return (self.w * x.to(self.w.dtype) * x.to(self.w.dtype)).sum()
 
 
-def test_fp16_underflow_counts_gradients_that_round_to_zero():
+def test_fp16_underflow_counts_gradients_that_round_to_zero_or_lose_bits():
     x = torch.full((1,), 1e-4)
-    counted = P.fp16_underflow(_Tiny, x, None, scales=(1.0, 1024.0, 2.0 ** 40))
-    assert counted[1.0] == {"nonzero": 1, "zero in fp16": 1, "not finite": 0}      # 1e-8 underflows
-    assert counted[1024.0] == {"nonzero": 1, "zero in fp16": 0, "not finite": 0}   # scaled: kept
-    assert counted[2.0 ** 40]["not finite"] == 1                                   # too large: inf
+    counted = P.fp16_underflow(_Tiny, x, None, scales=(1.0, 1024.0, 2.0 ** 15, 2.0 ** 40))
+    assert counted[1.0]["zero in fp16"] == 1 and counted[1.0]["nonzero"] == 1    # 1e-8 underflows
+    assert counted[1024.0]["zero in fp16"] == 0              # kept, but 1.0e-5 (scaled) lies
+    assert counted[1024.0]["subnormal in fp16"] == 1         # below 2^-14: fewer bits
+    assert counted[2.0 ** 15]["subnormal in fp16"] == 0      # 3.3e-4: in the normal range
+    assert counted[2.0 ** 15]["error p90"] < 2e-3            # only rounding: 2^-11 per factor
+    assert counted[2.0 ** 40]["not finite"] == 1             # too large: inf
+    assert math.isnan(counted[2.0 ** 40]["error p90"])
 
 
 def test_fp16_underflow_on_the_small_gpt_is_lifted_by_a_scale_and_overflows_past_it():
@@ -127,6 +133,9 @@ def test_fp16_underflow_on_the_small_gpt_is_lifted_by_a_scale_and_overflows_past
     assert one["nonzero"] > 0.99 * sum(p.numel() for p in GPT(CFG).parameters())
     assert one["zero in fp16"] > 0 and one["not finite"] == 0
     assert lifted["zero in fp16"] < one["zero in fp16"] and lifted["not finite"] == 0
+    # unscaled, a tenth or more of the values are fp16 subnormals; scaled, under 1%
+    assert one["subnormal in fp16"] > 0.1 * one["nonzero"] > 10 * lifted["subnormal in fp16"]
+    assert lifted["error p90"] < one["error p90"] / 2         # scaled gradients: closer to fp32's
     assert huge["not finite"] > 0          # the first step of training overflows too
 
 
