@@ -124,7 +124,7 @@ ALLOWED = [
      "formula: the bubble targets of the lecture's rule"),
     ("06_pipeline_parallel.ipynb", "about m ≥ 4(pp-1) for ≤ 20 %",
      "formula: the bubble target of the lecture's rule"),
-    ("09_profiling_and_debugging.ipynb", "or buckets of 25 MiB",
+    ("09_profiling_and_debugging.ipynb", "with buckets of 25 MiB",
      "configuration: the bucket size the real-size cell sets (bucket_size_mb=25)"),
     ("09_profiling_and_debugging.ipynb", "(exposed) **over 30 %** of the step",
      "configuration: profiling.diagnose's threshold (COMM_SHARE_LIMIT)"),
