@@ -133,16 +133,21 @@ class MixedPrecisionTrainer:
 FP16_SMALLEST_NORMAL = 2.0 ** -14     # below it fp16 keeps fewer significant bits (subnormal)
 
 
-def fp16_underflow(make_model, x, y, scales=(1.0, 2.0 ** 16)) -> dict:
+def fp16_underflow(make_model, x, y, scales=(1.0, 2.0 ** 16), autocast: bool = False) -> dict:
     """What an fp16 backward does to the gradients, at each loss scale.
 
     The fp32 backward of ``make_model()`` on ``(x, y)`` is the reference: its nonzero gradient
-    values. For each scale S a fresh ``make_model()``, cast to fp16, runs backward on S x loss.
-    Per scale: ``"nonzero"`` (the reference's count); of those, ``"zero in fp16"`` (underflow)
-    and ``"subnormal in fp16"`` (nonzero but below fp16's smallest normal, 2^-14: fewer bits);
-    ``"not finite"`` (inf or NaN: overflow); ``"error p90"``, the 90th percentile of the
-    relative error of the unscaled fp16 gradients against the reference (NaN after an
-    overflow). ``make_model`` must build the same weights at every call.
+    values. For each scale S a fresh ``make_model()`` runs backward on S x loss, in one of two
+    recipes. ``autocast=False``: the model is cast to fp16, its loss included (the recipe of
+    :class:`MixedPrecisionTrainer`). ``autocast=True``: the model stays fp32 and its forward runs
+    under ``torch.autocast`` in fp16, which computes the matrix products in fp16 and the loss in
+    fp32; ``torch.amp.GradScaler`` scales the loss.
+
+    Per scale: ``"nonzero"`` (the reference's count); of those, ``"zero"`` (lost: underflow)
+    and ``"below fp16 normal"`` (nonzero but below fp16's smallest normal, 2^-14: in an fp16
+    tensor, a subnormal with fewer bits); ``"not finite"`` (inf or NaN: overflow); ``"error
+    p90"``, the 90th percentile of the relative error of the unscaled gradients against the
+    reference (NaN after an overflow). ``make_model`` must build the same weights at every call.
     """
     if any(s <= 0 for s in scales):
         raise ValueError(f"scales must be positive, not {scales}")
@@ -152,18 +157,24 @@ def fp16_underflow(make_model, x, y, scales=(1.0, 2.0 ** 16)) -> dict:
     nonzero = {n: g != 0 for n, g in want.items()}
     out = {}
     for s in scales:
-        half = make_model().to(torch.float16)
-        (half(x, y).float() * s).backward()
-        grad = {n: p.grad for n, p in half.named_parameters()}
+        model = make_model()
+        if autocast:
+            with torch.autocast(x.device.type, dtype=torch.float16):
+                loss = model(x, y)
+            torch.amp.GradScaler(x.device.type, init_scale=s).scale(loss).backward()
+        else:
+            model.to(torch.float16)
+            (model(x, y).float() * s).backward()
+        grad = {n: p.grad for n, p in model.named_parameters()}
         kept = torch.cat([grad[n][m].float() for n, m in nonzero.items()])
         ref_kept = torch.cat([want[n][m] for n, m in nonzero.items()])
         finite = bool(torch.isfinite(kept).all())
         error = ((kept / s - ref_kept).abs() / ref_kept.abs()).quantile(0.9).item() if finite \
             else float("nan")
         out[s] = {"nonzero": kept.numel(),
-                  "zero in fp16": int((kept == 0).sum()),
-                  "subnormal in fp16": int(((kept != 0)
-                                             & (kept.abs() < FP16_SMALLEST_NORMAL)).sum()),
+                  "zero": int((kept == 0).sum()),
+                  "below fp16 normal": int(((kept != 0)
+                                            & (kept.abs() < FP16_SMALLEST_NORMAL)).sum()),
                   "not finite": sum(int((~torch.isfinite(grad[n])).sum()) for n in nonzero),
                   "error p90": error}
     return out

@@ -117,10 +117,10 @@ class _Tiny(torch.nn.Module):
 def test_fp16_underflow_counts_gradients_that_round_to_zero_or_lose_bits():
     x = torch.full((1,), 1e-4)
     counted = P.fp16_underflow(_Tiny, x, None, scales=(1.0, 1024.0, 2.0 ** 15, 2.0 ** 40))
-    assert counted[1.0]["zero in fp16"] == 1 and counted[1.0]["nonzero"] == 1    # 1e-8 underflows
-    assert counted[1024.0]["zero in fp16"] == 0              # kept, but 1.0e-5 (scaled) lies
-    assert counted[1024.0]["subnormal in fp16"] == 1         # below 2^-14: fewer bits
-    assert counted[2.0 ** 15]["subnormal in fp16"] == 0      # 3.3e-4: in the normal range
+    assert counted[1.0]["zero"] == 1 and counted[1.0]["nonzero"] == 1    # 1e-8 underflows
+    assert counted[1024.0]["zero"] == 0              # kept, but 1.0e-5 (scaled) lies
+    assert counted[1024.0]["below fp16 normal"] == 1         # below 2^-14: fewer bits
+    assert counted[2.0 ** 15]["below fp16 normal"] == 0      # 3.3e-4: in the normal range
     assert counted[2.0 ** 15]["error p90"] < 2e-3            # only rounding: 2^-11 per factor
     assert counted[2.0 ** 40]["not finite"] == 1             # too large: inf
     assert math.isnan(counted[2.0 ** 40]["error p90"])
@@ -131,12 +131,35 @@ def test_fp16_underflow_on_the_small_gpt_is_lifted_by_a_scale_and_overflows_past
     counted = P.fp16_underflow(lambda: GPT(CFG), x, y, scales=(1.0, 256.0, 2.0 ** 16))
     one, lifted, huge = (counted[s] for s in (1.0, 256.0, 2.0 ** 16))
     assert one["nonzero"] > 0.99 * sum(p.numel() for p in GPT(CFG).parameters())
-    assert one["zero in fp16"] > 0 and one["not finite"] == 0
-    assert lifted["zero in fp16"] < one["zero in fp16"] and lifted["not finite"] == 0
+    assert one["zero"] > 0 and one["not finite"] == 0
+    assert lifted["zero"] < one["zero"] and lifted["not finite"] == 0
     # unscaled, a tenth or more of the values are fp16 subnormals; scaled, under 1%
-    assert one["subnormal in fp16"] > 0.1 * one["nonzero"] > 10 * lifted["subnormal in fp16"]
+    assert one["below fp16 normal"] > 0.1 * one["nonzero"] > 10 * lifted["below fp16 normal"]
     assert lifted["error p90"] < one["error p90"] / 2         # scaled gradients: closer to fp32's
     assert huge["not finite"] > 0          # the first step of training overflows too
+
+
+def test_fp16_underflow_under_autocast_keeps_the_loss_in_fp32_so_the_scalers_start_fits():
+    x, y = DATA.batch(0, 16)
+    scales = (1.0, 256.0, 2.0 ** 16, 2.0 ** 24)
+    counted = P.fp16_underflow(lambda: GPT(CFG), x, y, scales=scales, autocast=True)
+    one, lifted, start, huge = (counted[s] for s in scales)
+    assert one["nonzero"] > 0.99 * sum(p.numel() for p in GPT(CFG).parameters())
+    # the activation gradients are fp16 under autocast: unscaled, values vanish or lose bits
+    assert one["zero"] > 0 and one["below fp16 normal"] > 0.1 * one["nonzero"]
+    assert lifted["below fp16 normal"] < 0.01 * lifted["nonzero"]
+    assert lifted["error p90"] < one["error p90"] / 2
+    # the loss and its first gradient are fp32: the scaler's starting scale does not overflow
+    assert start["not finite"] == 0 and start["error p90"] < one["error p90"] / 2
+    assert huge["not finite"] > 0          # a large enough scale still overflows the fp16 ones
+
+
+def test_fp16_underflow_under_autocast_loses_nothing_in_an_op_autocast_keeps_in_fp32():
+    # _Tiny multiplies elementwise, which autocast leaves in fp32: 1e-8 lies below fp16's
+    # normal range but is computed in fp32 and kept exactly
+    counted = P.fp16_underflow(_Tiny, torch.full((1,), 1e-4), None, scales=(1.0,), autocast=True)
+    assert counted[1.0]["below fp16 normal"] == 1 and counted[1.0]["zero"] == 0
+    assert counted[1.0]["error p90"] < 1e-6
 
 
 def test_fp16_underflow_refuses_a_scale_that_is_not_positive():
