@@ -4,19 +4,9 @@ gradients do to SGD, and a step's buckets on the communication stream (in flight
 smaller messages take longer in all, yet the step is shorter; and what if the link is slower)."""
 from __future__ import annotations
 
-import math
-
-import matplotlib.pyplot as plt
-from matplotlib.legend_handler import HandlerTuple
-from matplotlib.patches import Patch, Rectangle
-
-import lecture_lib
-
-from .. import emulate, observe, profiling
+from .. import observe, profiling
 from ..costmodel import pipeline_bubble
-from ..data_parallel.ddp import DDPBucketed
-from ..figures import plots
-from ..metrics import Timer, now
+from ..metrics import now
 from ..profiling import diagnose
 from . import fmt
 
@@ -88,31 +78,6 @@ def q5() -> list[str]:
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
 
 
-def step_spans(p) -> list[tuple[str, float, float]]:
-    """Rank ``p``'s last recorded step as timeline spans, in seconds from its start: its
-    computing split by the timer's phase (``forward``, ``backward``, ``copy back the gradients``:
-    the ``wait`` phase of :func:`~lecture_lib.profiling.data_parallel_step`, ``optimizer``) and each
-    all-reduce (``comm``). Asserts that the phases cover all the computing."""
-    start, end = p.steps[-1]
-    names = {"forward": "forward", "backward": "backward", "wait": "copy back the gradients",
-             "optimizer": "optimizer"}
-    phases = [(names[n], a, b) for n, a, b in p.timer_spans if n in names]
-    out, computing = [], 0.0
-    for e in p.events:
-        a, b = max(e.start, start), min(e.end, end)
-        if b <= a or e.kind not in ("compute", "comm"):
-            continue
-        if e.kind == "comm":
-            out.append(("comm", a - start, b - start))
-            continue
-        computing += b - a
-        for n, pa, pb in phases:
-            if min(b, pb) > max(a, pa):
-                out.append((n, max(a, pa) - start, min(b, pb) - start))
-    assert math.isclose(sum(b - a for k, a, b in out if k != "comm"), computing, rel_tol=1e-9)
-    return out
-
-
 REAL_WAIT = "wait for the all-reduces, copy back"     # the real trace's name for the "wait" phase
 
 
@@ -170,109 +135,6 @@ def gpipe_blocks(pipe):
     for blocks in out.values():
         assert sorted(label for *_, label in blocks) == ["B0", "B1", "F0", "F1"], blocks
     return out, pipe[0].steps[-1][1] - origin, shift
-
-
-def copy_back(world: int, preset, steps: int = 4, **kwargs) -> dict:
-    """What rank 0's compute stream does in the last of ``steps`` steps of bucketed
-    :func:`~lecture_lib.profiling.data_parallel_step` under ``emulate.emulated(preset)``.
-    ``out["copy back"]``: its last phase (``finish_gradient_synchronization``, timed as
-    ``"wait"``), where for each bucket it waits for the all-reduce, then copies the averaged slice
-    back into each parameter's ``.grad``; ``out["step"]``: the whole step. Each holds seconds:
-    ``kernels`` (on the device), ``host`` (the stream waiting for the host to launch the next
-    kernel: the clock's ``launch_waits``), ``comm`` (the stream waiting for an all-reduce:
-    its idle spans), ``length``; and ``launches`` (the clock's kernel count)."""
-    return lecture_lib.run(_copy_back, world, preset, steps, kwargs, timeout=180)[0]
-
-
-def _window(clock, start: float, launches: int) -> dict:
-    """The compute stream from ``start`` to now, with ``launches`` kernels launched then."""
-    end = clock.compute
-    inside = lambda a, b: max(0.0, min(b, end) - max(a, start))      # noqa: E731
-    host = sum(inside(a, b) for a, b in clock.launch_waits)
-    comm = sum(inside(a, b) for kind, a, b, _ in clock.spans if kind == "idle")
-    busy = sum(inside(a, b) for kind, a, b, _ in clock.spans if kind not in ("idle", "comm"))
-    return {"kernels": busy - host, "host": host, "comm": comm,
-            "length": end - start, "launches": clock.launches - launches}
-
-
-def _copy_back(preset, steps, kwargs):
-    out = {}
-    finish = DDPBucketed.finish_gradient_synchronization
-
-    def marked_finish(ddp):                   # the same call, its window on the clock kept
-        clock = emulate.clock.current()
-        clock.resolve()
-        start, launches = clock.compute, clock.launches
-        finish(ddp)
-        clock.resolve()
-        out["copy back"] = _window(clock, start, launches)
-
-    DDPBucketed.finish_gradient_synchronization = marked_finish
-    try:
-        step = profiling.data_parallel_step(Timer(), sync="bucketed", **kwargs)
-        with emulate.emulated(preset) as clock:
-            for i in range(steps):
-                start, launches = clock.synchronize(), clock.launches
-                step(i)
-                clock.synchronize()
-                out["step"] = _window(clock, start, launches)
-    finally:
-        DDPBucketed.finish_gradient_synchronization = finish
-    return out
-
-
-def phase_extent(spans, phase: str) -> tuple[float, float]:
-    """First start and last end of ``phase``'s kernels in :func:`step_spans`' output (seconds)."""
-    inside = [(a, b) for k, a, b in spans if k == phase]
-    return min(a for a, _ in inside), max(b for _, b in inside)
-
-
-def draw_step(spans, step_seconds: float, phases: dict, comm_color: str, zoom_us: float = 60.0):
-    """Section 2's figure: rank 0's step (kernels by phase above, all-reduces below in alternating
-    shades so each can be counted), and under it ``zoom_us`` of the copy back around the last
-    all-reduce's end, where the kernels and the launch waits between them are wide enough to see.
-    Returns (fig, (zoom start, zoom end) in µs)."""
-    us = [(k, 1e6 * a, 1e6 * b) for k, a, b in spans]
-    z0 = max(b for k, _, b in us if k == "comm") - zoom_us / 3
-    zoom = (z0, z0 + zoom_us)
-    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 4.4), height_ratios=(1, 0.8))
-    pale = "#F0B4B5"
-    for ax in (top, low):
-        n = 0
-        for k, a, b in us:
-            if k == "comm":
-                ax.barh(1, b - a, left=a, height=0.6, color=(comm_color, pale)[n % 2], lw=0)
-                n += 1
-            else:
-                ax.barh(0, b - a, left=a, height=0.6, color=phases[k], lw=0)
-        ax.set_yticks([0, 1], ["kernels", "all-reduces"])
-        ax.set_ylim(1.6, -0.6)
-    top.set_ylim(1.6, -1.3)                  # room above the kernels for each phase's extent
-    for k, color in phases.items():          # a bracket per phase: short phases stay visible
-        a, b = (1e6 * t for t in phase_extent(spans, k))
-        top.plot([a, a, b, b], [-0.4, -0.5, -0.5, -0.4], color=color, lw=1.5, clip_on=False)
-        if k == "optimizer":                 # too short to label above: named beside the axes
-            top.text(b + 8, 0, "\u2190 optimizer", ha="left", va="center", fontsize=8,
-                     clip_on=False)
-        else:
-            top.text((a + b) / 2, -0.6, k.replace(" the gradients", ""), ha="center", va="bottom",
-                     fontsize=8)
-    top.set_xlim(0, 1e6 * step_seconds)
-    top.add_patch(Rectangle((zoom[0], -0.38), zoom_us, 1.83, fill=False, lw=1, ec="k"))
-    top.text(zoom[0] - 6, 0.5, "zoomed below", ha="right", va="center", fontsize=8)
-    n = sum(k == "comm" for k, _, _ in us)
-    top.set_title(f"bucketed DDP, rank 0: all {n} all-reduces hide behind computation")
-    low.set_xlim(*zoom)
-    low.set_title("the copy back, zoomed: a kernel per parameter, a launch wait (white) between "
-                  "them", fontsize=9)
-    for ax in (top, low):
-        ax.set_xlabel("emulated time from the step's start (µs)", fontsize=8)
-    top.legend([(Patch(color=comm_color), Patch(color=pale))], ["all-reduces (shades\nalternate)"],
-               fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-               handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
-    plots.stamp(fig, text="emulated H100s in two nodes (InfiniBand)")
-    fig.tight_layout()
-    return fig, zoom
 
 
 def diagnose_row(r: dict, overlapped: bool):
