@@ -15,6 +15,8 @@ a large share of the step, or the device is idle much of it.
 * :mod:`.emulated`: the same profile in emulated time, read from the
   emulation's streams (:func:`profile_steps_emulated`, or ``profile_run(...,
   emulate="h100-node")``).
+* :mod:`.published`: a published GPU trace to read (ResNet-50 under DDP on 2 A100s,
+  :func:`~.published.resnet50_ddp`).
 * :mod:`.diagnose`: the rules of thumb, with advice that depends on the
   communication the run did (:func:`diagnose`, :func:`diagnose_run`).
 * :mod:`.experiments`: the course's own schemes as steps to profile
