@@ -1,7 +1,6 @@
 """lecture_lib.profiling: trace arithmetic on hand-made events, then a real 2-rank profile."""
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +19,6 @@ from lecture_lib.models import (
     train_reference,
 )
 from lecture_lib.profiling import Event
-from lecture_lib.study.profiling_and_debugging import REAL_WAIT, real_step_rows
 
 # -- trace arithmetic (no ranks) ----------------------------------------------
 
@@ -356,25 +354,3 @@ def test_exposed_is_a_wait_for_communication_not_for_a_launch():
     assert profiling.exposed_share(no_gaps) == pytest.approx(0.6)          # a GPU trace alone
 
 
-def test_a_real_trace_of_a_bucketed_step_shows_its_phases_and_all_reduces(tmp_path):
-    """The real trace of notebook 09's bucketed DDP step: the training thread's phases in order,
-    one all-reduce per bucket off that thread, the first started during the backward."""
-    cfg = GPTConfig(d_model=64, n_layers=2, seq_len=16, n_heads=4)
-    profiles = profiling.profile_run(profiling.data_parallel_step, 2, batch_size=8, sync="bucketed",
-                                     cfg=cfg, bucket_cap_mb=0.01, wait=1, warmup=1, active=1,
-                                     trace_dir=str(tmp_path), timeout=120)
-    rows = real_step_rows(profiles[0])
-    phases = [k for k, *_ in rows["training thread"]]
-    assert phases == ["forward", "backward", REAL_WAIT, "optimizer"]
-    assert (tmp_path / "rank0.json").exists()
-    backward = next((a, b) for k, a, b in rows["training thread"] if k == "backward")
-    reduces = rows["all-reduces"]
-    assert len(reduces) > 1 and min(a for _, a, _ in reduces) < backward[1]
-    issued = [e for e in profiles[0].events if e.name == "c10d::allreduce_"]
-    assert len(issued) == len(reduces)                  # each call the thread issued, run once
-
-
-def test_real_step_rows_refuses_a_profile_without_phases():
-    p = SimpleNamespace(steps=[(0.0, 1.0)], events=[Event("aten::mm", "compute", 0.1, 0.2, "1")])
-    with pytest.raises(ValueError, match="no phases"):
-        real_step_rows(p)

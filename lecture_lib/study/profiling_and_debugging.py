@@ -78,31 +78,6 @@ def q5() -> list[str]:
 ANSWERS = {"Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5}
 
 
-REAL_WAIT = "wait for the all-reduces, copy back"     # the real trace's name for the "wait" phase
-
-
-def real_step_rows(p) -> dict[str, list[tuple[str, float, float]]]:
-    """Rank ``p``'s last recorded step in a real ``torch.profiler`` trace, as rows for
-    :func:`~lecture_lib.figures.plots.plot_timeline`, in seconds from the step's start: the
-    training thread's phases as the step marks them (``forward``, ``backward``, ``wait``, named
-    :data:`REAL_WAIT`, and ``optimizer``) and the collectives run off that thread (by gloo's
-    threads, or as NCCL's kernels on a GPU), one row each."""
-    start, end = p.steps[-1]
-    phases = [e for e in p.events if e.kind == "phase" and start <= e.start < end]
-    if not phases:
-        raise ValueError("the profile has no phases: profile a step that marks them "
-                         "(profiling.data_parallel_step does)")
-    main = {e.thread for e in phases}
-    names = {"wait": REAL_WAIT}
-    row = []
-    for e in phases:
-        name = e.name.removeprefix(profiling.PHASE_PREFIX)
-        row.append((names.get(name, name), e.start - start, min(e.end, end) - start))
-    comm = [("comm", max(e.start, start) - start, min(e.end, end) - start) for e in p.events
-            if e.kind == "comm" and e.thread not in main and e.end > start and e.start < end]
-    return {"training thread": row, "all-reduces": comm}
-
-
 def pipeline_step_marked(timer, **kwargs):
     """:func:`~lecture_lib.profiling.pipeline_step`, with each forward and backward of each
     micro-batch added to ``timer``'s spans as ``("F0", start, end)``, ``("B1", ...)``: the
