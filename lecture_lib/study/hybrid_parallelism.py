@@ -80,7 +80,8 @@ def q4() -> list[str]:
             fmt(across.compute, "s"), fmt(across2.compute, "s"),
             fmt(across.tp_comm, "s"), fmt(across2.tp_comm, "s"),
             fmt(across.total, "s"), fmt(across2.total, "s"), fmt(inside.total, "s"),
-            fmt(ratio, "x"), fmt(inside2.total, "s")]
+            fmt(ratio, "x"), fmt(A100_CLUSTER.intra.beta / 1e9, "GB/s"),
+            fmt(A100_CLUSTER.inter.beta / 1e9, "GB/s"), fmt(inside2.total, "s")]
 
 
 # the tp x pp ranks' own gradient norms: (pp0, tp0), (pp0, tp1), (pp1, tp0), (pp1, tp1); and
