@@ -153,3 +153,12 @@ def test_rows_already_split_by_the_caller_stay_one_bar_high():
                                                                    (1, None, 0.7)]
     assert [t.get_text() for t in ax.get_yticklabels()] == list(lines)
     plt.close(fig)
+
+
+def test_boxes_are_outlined_in_white_unless_told_otherwise():
+    spans = {0: [("compute", 0.0, 1.0)], 1: [("compute", 0.5, 2.0)]}
+    for edge, want in (({}, (1.0, 1.0, 1.0, 1.0)), ({"edgecolor": "none"}, (0.0, 0.0, 0.0, 0.0))):
+        fig, ax = plt.subplots()
+        plots.plot_timeline(ax, spans, unit="s", **edge)
+        assert [tuple(p.get_edgecolor()) for p in ax.patches] == [want, want]
+        plt.close(fig)

@@ -155,7 +155,7 @@ def _fits(ax, width: float, text: str, fontsize: float) -> bool:
 def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms",
                   colors: dict | None = None, labels: bool = False,
                   legend_outside: bool = False, legend: bool = True,
-                  comm_kinds=COMM_KINDS) -> list[dict]:
+                  comm_kinds=COMM_KINDS, edgecolor: str = "white") -> list[dict]:
     """Gantt chart: ``timelines[rank] = [(kind, start_s, end_s), ...]`` or
     ``[(kind, start_s, end_s, text), ...]``; one row per rank, rank 0 on top.
 
@@ -173,8 +173,10 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
     Pipeline spans (text ``str(Action)``: 'F3', 'B2.1') are coloured by kind and
     shaded by model chunk (legend 'F chunk 1' when a rank holds several); with
     ``labels`` each box shows its micro-batch number (other spans their text)
-    where it fits. Returns what was drawn: one dict per span (``row``, ``lane``:
-    "compute", "comm" or None when rows are not split, ``y`` and ``height`` of its bar,
+    where it fits. ``edgecolor`` outlines each box (``"none"``: no outline, for spans
+    too thin for one, such as a GPU trace's kernels). Returns what was drawn: one dict per
+    span (``row``, ``lane``: "compute", "comm" or None when rows are not split, ``y`` and
+    ``height`` of its bar,
     ``kind``, ``microbatch``, ``chunk``, ``color``, ``text`` written or None).
     """
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
@@ -198,7 +200,7 @@ def plot_timeline(ax, timelines: dict, title: str | None = None, unit: str = "ms
             y = row + {"compute": -_LANE, "comm": _LANE, None: 0.0}[lane]
             height = _LANE_HEIGHT if split else 0.7
             bar = ax.barh(y, (end - start) * scale, left=start * scale, height=height,
-                          color=color, edgecolor="white", linewidth=0.5)
+                          color=color, edgecolor=edgecolor, linewidth=0.5)
             seen.setdefault(key, bar)
             drawn.append({"row": row, "lane": lane, "y": y, "height": height, "kind": kind,
                           "start": start * scale, "width": (end - start) * scale,
