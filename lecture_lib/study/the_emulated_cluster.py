@@ -128,8 +128,7 @@ def plot_checks(table: list[dict], stamp: str):
     ax.axvline(0, color="0.4", lw=0.8)
     ax.set_yticks(y, [r["anchor"] for r in checks], fontsize=9)
     ax.set_xlim(-25, 25)
-    ax.set_xlabel("emulation slower  <-  (%)  ->  emulation faster than published\n"
-                  "(rates: emulated / published - 1; the step time: 1 - emulated / published)")
+    ax.set_xlabel("error (%): emulation slower  <-  0  ->  emulation faster than published")
     ax.set_title(f"the emulated GPUs against {len(checks)} published measurements\n"
                  "the constants were not fitted to", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
