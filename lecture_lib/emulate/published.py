@@ -51,7 +51,8 @@ SOURCES = {
     "NCCL_TESTS_290": "NVIDIA/nccl-tests issue 290: InfiniBand NDR per NIC",
     "H200_HBM": "H200 HBM3e measured at 4.0-4.5 of the datasheet's 4.8 TB/s",
     "LLMC": "KellerJordan/modded-nanogpt, records/101324_llmc: llm.c GPT-2 124M on 8 x H100",
-    "XLA_SM90": "openxla/xla, xla/service/gpu/model/matmul_interpolator_data.h (sm_90, bf16)",
+    "XLA_SM90": "H100 GEMM kernel times XLA measured with CUPTI for its cost model: openxla/xla, "
+                "xla/service/gpu/model/matmul_interpolator_data.h (sm_90, bf16)",
     "FA3_PAPER": "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Figs. 5-6: "
                  "FlashAttention-2 on H100",
     "FA2_PAPER": "Dao 2023, FlashAttention-2 (arXiv 2307.08691), Fig. 4: A100",
