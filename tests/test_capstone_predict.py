@@ -108,6 +108,16 @@ def test_modelled_memory_counts_the_states_autocast_keeps():
         sum(counted[k] for k in ("params", "grads", "optimizer")), rel=0.01)
 
 
+def test_modelled_memory_counts_no_attention_scores_as_the_fused_attention_keeps_none():
+    """The course's GPT runs scaled_dot_product_attention, which keeps no attention scores:
+    the activations are Korthikanti et al.'s 34 sbh per layer (no tp), not 34 + 5as/h."""
+    model = real_size("GPT-2 small")
+    dims, _ = strategy_layout("ddp", 4, model)
+    mem = modelled_memory(model, dims, 0, 16)
+    sbh = model.seq_len * 16 * model.d_model
+    assert mem["activations"] == pytest.approx(model.n_layers * 34 * sbh)
+
+
 def test_layouts_of_the_strategies_on_gpt2_small():
     for world in (4, 8):
         for strategy in ("ddp", "zero1", "zero2", "fsdp", "tp", "pp", "cp", "3d"):

@@ -16,7 +16,8 @@ and the micro-batches of :func:`strategy_layout`. MFU is against the device's bf
 peak (989 TFLOP/s on the H100 SXM, 312 on the A100). Memory per GPU is the memory model's
 (:func:`lecture_lib.costmodel.context_parallel.memory_per_device_cp`: the fp32 states autocast
 keeps, 4 + 4 + 8 bytes per parameter divided as the ZeRO stage divides them, bf16 activations
-without recomputation; the logits are not counted).
+without attention scores, which the fused attention kernel does not keep; the logits are not
+counted).
 """
 from __future__ import annotations
 
@@ -94,10 +95,13 @@ def modelled_memory(model: GPTConfig, dims: ParallelDims, zero_stage: int, micro
     """Bytes per GPU by kind (params, grads, optimizer, activations, total) that a prediction
     reports: :func:`memory_per_device_cp` at ``dims``, ``zero_stage`` and ``microbatch``, with
     the states bf16 autocast keeps (fp32 weights, gradients and AdamW state) and 16-bit
-    activations."""
+    activations. The course's GPT runs ``scaled_dot_product_attention``, a fused kernel that
+    keeps no attention scores, so the activations are Korthikanti et al.'s count without them:
+    the count selective recomputation gives (nothing is recomputed here)."""
     shape = TransformerShape(model_name(model), model.n_layers, model.d_model, model.n_heads,
                              model.vocab_size, model.seq_len, model.num_params())
     return memory_per_device_cp(shape, dims.cp, dims.dp, dims.tp, dims.pp, zero_stage, microbatch,
+                                recompute="selective",
                                 precision="autocast (bf16 compute, fp32 weights)")
 
 
