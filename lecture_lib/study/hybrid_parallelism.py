@@ -156,3 +156,39 @@ def steps_figure(steps: dict[str, tuple[float, float]], clip: float, title: str)
                 "InfiniBand), dry run of the real code")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
+
+
+def layout_text(p) -> str:
+    """A planned configuration's layout in one line: dp, pp, tp and its ZeRO stage."""
+    d = p.parallelism.dims
+    return f"dp {d.dp} · pp {d.pp} · tp {d.tp}, ZeRO-{p.parallelism.recipe.zero_stage}"
+
+
+def plan_figure(bests: dict, megatron: dict, n_plans: int, model_name: str):
+    """Section 3's figure: one bar per constraint (``{label: plan}``, the first the fastest of
+    all), each labelled with its modelled step and layout, and ``megatron``'s plans
+    (``{label: plan}``, two of them) as dashed vertical lines; seconds, modelled."""
+    fastest = next(iter(bests.values())).seconds
+    seconds = [p.seconds for p in bests.values()]
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    colors = ["#55A868", "#8172B3"] + ["#C44E52"] * (len(bests) - 2)
+    bars = ax.barh(list(bests), seconds, color=colors[:len(bests)])
+    for bar, p in zip(bars, bests.values()):           # left-aligned, clear of the dashed lines
+        ax.text(0.5, bar.get_y() + bar.get_height() / 2,
+                f"{p.seconds:.1f} s (+{p.seconds / fastest - 1:.0%}): {layout_text(p)}",
+                fontsize=8, ha="left", va="center", color="white")
+    for (name, p), side in zip(megatron.items(), ("right", "left")):
+        ax.axvline(p.seconds, color="0.3", ls="--", lw=1)
+        ax.text(p.seconds + (-0.3 if side == "right" else 0.3), -0.6, f"{name}: {p.seconds:.1f} s",
+                fontsize=8, ha=side, va="bottom")
+    ax.set_xlim(0, 1.15 * max(seconds))
+    ax.set_ylim(len(bests) - 0.5, -1.6)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("seconds per step (modelled)")
+    least = min(seconds[1:])
+    ax.set_title(f"{model_name} on 1024 A100s: the fastest plan breaking a decision is "
+                 f"{least / fastest - 1:.0%} slower", fontsize=10)
+    plots.stamp(fig, text=f"modelled: the planner over {n_plans} configurations that fit; "
+                "dashed: Megatron-LM's layout")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
