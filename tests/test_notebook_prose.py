@@ -110,6 +110,8 @@ ALLOWED = [
      "modelled, asserted after the planner's ranking (isclose(selective, fastest, rel_tol=3e-3))"),
     ("08_hybrid_parallelism.ipynb", "run at 50% of the bf16 peak",
      "configuration: costmodel's A100_CLUSTER.efficiency, asserted after the memory printout"),
+    ("08_hybrid_parallelism.ipynb", "with the matmuls at 40% and 60% of the peak",
+     "configuration: the efficiencies the sensitivity table sets (replace(A100_CLUSTER, ...))"),
     ("08_hybrid_parallelism.ipynb", "or a pessimistic 5%",
      "configuration: the selective_extra the sensitivity table sets (Assumptions(0.05))"),
     ("08_hybrid_parallelism.ipynb", "The run's 140 TFLOP/s per GPU",
