@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import matplotlib
 import pytest
+from matplotlib.colors import to_rgba
 
 matplotlib.use("Agg")
 
@@ -37,6 +38,17 @@ def test_plan_figure_labels_each_bar_with_its_step_and_layout(plans):
     assert [line.get_xdata()[0] for line in ax.lines] == [p.seconds for p in megatron.values()]
     assert f"{full.seconds / plans[0].seconds - 1:.0%} slower" in ax.get_title()
     assert "modelled" in ax.get_xlabel()
+    # the key: green keeps both decisions (the fastest), red breaks one (recomputing every layer)
+    assert [b.get_facecolor() for b in ax.patches] == [to_rgba("#55A868"), to_rgba("#C44E52")]
+    key = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert key == ["keeps both decisions", "breaks one"]
+
+
+def test_keeps_decisions_is_tp_inside_a_node_and_no_full_recompute(plans):
+    assert study.keeps_decisions(plans[0])
+    assert not study.keeps_decisions(next(p for p in plans if p.parallelism.recompute == "full"))
+    assert not study.keeps_decisions(next(p for p in plans if p.parallelism.dims.tp > 1
+                                          and p.parallelism.inner != "tp"))
 
 
 def test_layout_text_names_every_axis_and_the_zero_stage(plans):

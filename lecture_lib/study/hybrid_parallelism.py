@@ -11,6 +11,7 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
+from matplotlib.patches import Patch
 
 from ..costmodel import A100_CLUSTER, H100_CLUSTER, PRESETS, pipeline_bubble
 from ..costmodel.steptime import Parallelism, step_time
@@ -164,6 +165,12 @@ def layout_text(p) -> str:
     return f"dp {d.dp} · pp {d.pp} · tp {d.tp}, ZeRO-{p.parallelism.recipe.zero_stage}"
 
 
+def keeps_decisions(plan) -> bool:
+    """Section 3's two decisions: tp (if any) inside a node, and not every layer recomputed."""
+    par = plan.parallelism
+    return (par.dims.tp == 1 or par.inner == "tp") and par.recompute != "full"
+
+
 def plan_figure(bests: dict, megatron: dict, n_plans: int, model_name: str):
     """Section 3's figure: one bar per constraint (``{label: plan}``, the first the fastest of
     all), each labelled with its modelled step and layout, and ``megatron``'s plans
@@ -171,8 +178,9 @@ def plan_figure(bests: dict, megatron: dict, n_plans: int, model_name: str):
     fastest = next(iter(bests.values())).seconds
     seconds = [p.seconds for p in bests.values()]
     fig, ax = plt.subplots(figsize=(9, 3.4))
-    colors = ["#55A868", "#8172B3"] + ["#C44E52"] * (len(bests) - 2)
-    bars = ax.barh(list(bests), seconds, color=colors[:len(bests)])
+    keeps, breaks = "#55A868", "#C44E52"
+    bars = ax.barh(list(bests), seconds,
+                   color=[keeps if keeps_decisions(p) else breaks for p in bests.values()])
     for bar, p in zip(bars, bests.values()):           # left-aligned, clear of the dashed lines
         ax.text(0.5, bar.get_y() + bar.get_height() / 2,
                 f"{p.seconds:.1f} s (+{p.seconds / fastest - 1:.0%}): {layout_text(p)}",
@@ -190,5 +198,8 @@ def plan_figure(bests: dict, megatron: dict, n_plans: int, model_name: str):
                  f"{least / fastest - 1:.0%} slower", fontsize=10)
     plots.stamp(fig, text=f"modelled: the planner over {n_plans} configurations that fit; "
                 "dashed: Megatron-LM's layout")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    key = [Patch(color=keeps, label="keeps both decisions"),
+           Patch(color=breaks, label="breaks one")]
+    fig.legend(handles=key, loc="lower left", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
