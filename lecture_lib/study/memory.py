@@ -6,7 +6,8 @@
   Table 2).
 * Q2: the Llama-style 8B preset (``costmodel.PRESETS``), one sequence of 4096 tokens, 16-bit
   activations: the activations it keeps per layer and in all with no recomputation, with
-  selective recomputation and with every layer checkpointed.
+  selective recomputation and with every layer checkpointed; its model state on one GPU, and
+  its whole memory per GPU under ZeRO-1 on 8 GPUs with selective recomputation (notebook 03b).
 """
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ def q2() -> list[str]:
     shape = PRESETS["Llama-style 8B"]
     acts = {rc: memory_per_device(shape, seq_len=4096, microbatch_size=1,
                                   recompute=rc)["activations"] for rc in RECOMPUTE}
+    state = 16 * shape.num_params                      # Adam's 16 bytes per parameter, on one GPU
+    zero1 = memory_per_device(shape, dp=8, zero_stage=1, seq_len=4096, microbatch_size=1,
+                              recompute="selective")["total"]    # notebook 03b's calculator
     return [fmt(acts["none"] / shape.layers / 1e9, "GB"), fmt(acts["none"] / 1e9, "GB"),
-            fmt(acts["selective"] / 1e9, "GB"), fmt(acts["full"] / 1e9, "GB")]
+            fmt(acts["selective"] / 1e9, "GB"), fmt(acts["full"] / 1e9, "GB"),
+            fmt(state / 1e9, "GB"), fmt(zero1 / 1e9, "GB")]
 
 
 ANSWERS = {"Q2": q2}
