@@ -138,7 +138,7 @@ def plot_checks(table: list[dict], stamp: str):
 
 
 def plot_matmul_rates(charged: dict, rate: float, bandwidth: float, stamp: str):
-    """Section 1's figure: each matmul's charged rate against the roofline at the achieved
+    """Section 4's figure: each matmul's charged rate against the roofline at the achieved
     ``rate`` and ``bandwidth``; forward and weight gradients in two panels."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     intensity = np.logspace(1.5, 3.2, 200)
@@ -166,7 +166,7 @@ def plot_matmul_rates(charged: dict, rate: float, bandwidth: float, stamp: str):
 
 
 def plot_all_reduce(sizes, picked: dict, switch: dict, ideal, beta: float, stamp: str):
-    """Section 2's figure: NCCL's pick with and without NVLS (``picked``: per size, the
+    """Section 5's figure: NCCL's pick with and without NVLS (``picked``: per size, the
     (algorithm, seconds) pair; ``switch``: where each first changes algorithm) against the
     roofline's alpha-beta ring (``ideal`` seconds, ``beta`` bytes/s)."""
     fig, ax = plt.subplots(figsize=(8.5, 4))
