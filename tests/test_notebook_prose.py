@@ -78,7 +78,7 @@ ALLOWED = [
     ("10_capstone.ipynb", "the gradients go out in 25 MiB buckets",
      "the hybrid trainer's constant, lecture_lib.hybrid.gpt.BUCKET_MB (torch DDP's bucket_cap_mb)"),
     ("02_data_parallel.ipynb", "with 25 MiB buckets under a tenth",
-     "emulated, asserted after the overlap table (25 MiB: exposed < 0.1 x t_last, both batch sizes)"),
+     "emulated, asserted after the overlap table (25 MiB: exposed < 0.1 x t_last, both batches)"),
     ("02_data_parallel.ipynb", "default of 25 MiB",
      "cited constant: DistributedDataParallel's bucket_cap_mb=25 (PyTorch docs)"),
     ("05_context_parallel.ipynb", "steps are within 3%, closer",
