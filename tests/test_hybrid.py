@@ -241,3 +241,20 @@ def test_time_at_scale_runs_a_real_size_model_dry():
     assert row["compute"] < row["step_seconds"] and row["exposed"] > 0
     assert row["bytes"]["all_reduce"] > 0 and row["time_kind"].endswith("(dry run)")
     assert row["spans"] and row["wall_seconds"] < 60
+
+
+def test_time_at_scale_rejects_an_unknown_precision_before_any_rank_starts():
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+        time_at_scale({"tp2": (ParallelDims(tp=2), Recipe())}, CFG, BATCH, precision="fp16")
+
+
+def test_bf16_autocast_sends_the_activations_of_a_mixed_precision_run():
+    """Under bf16 autocast tp's forward all-reduces carry the matmuls' bf16 outputs, so the
+    step sends fewer bytes than in fp32, and no fewer than half; the compute is charged alike."""
+    cfg = real_size("GPT-2 medium", n_layers=2)
+    layouts = {"tp2": (ParallelDims(tp=2), Recipe())}
+    fp32, = time_at_scale(layouts, cfg, 4)
+    bf16, = time_at_scale(layouts, cfg, 4, precision="bf16")
+    sent = {k: r["bytes"]["all_reduce"] for k, r in (("fp32", fp32), ("bf16", bf16))}
+    assert sent["fp32"] / 2 <= sent["bf16"] < sent["fp32"]
+    assert bf16["comm"] < fp32["comm"]

@@ -1,8 +1,8 @@
 """What the notebooks run with the hybrid trainer: small models trained, real sizes timed.
 
 Every run builds the same :class:`~.gpt.RankModel` (:func:`build`), feeds it its
-share of the batch (:func:`rank_batch`: the dp shard, then the cp slice) and calls
-``model.step(x, y)``:
+share of the batch (:func:`rank_batch`: the dp shard, then the cp slice) and takes a step:
+``model.forward_backward(x, y)``, then ``model.update()``:
 
 * :func:`train_hybrid` trains a small GPT on ``dp * tp * pp * cp`` real ranks and merges
   the result (equal to one process); each rank's phases are timed in real time by watching
@@ -30,6 +30,10 @@ from ..models import GPT, GPTConfig, MarkovText, TrainResult, shard
 from ..progress import progress
 from ..runtime import launch
 from .gpt import RankModel, check_hybrid, parallelize
+
+PRECISIONS = ("fp32", "bf16")
+"""How :func:`emulated_steps` computes: fp32, or bf16 autocast (fp32 weights, gradients and
+optimizer state; matrix multiplies and their outputs in bf16), as the capstone's ``--precision``."""
 
 PHASES = ("pipeline", "dp sync", "cp sync", "forward-backward", "optimizer")
 """The spans a :class:`RankModel` step marks, which together make the step."""
@@ -115,12 +119,12 @@ def merge_ranks(results: list[dict], dims: ParallelDims) -> TrainResult:
 
 def emulated_steps(cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, batch_size: int,
                    steps: int = 2, preset="h100-node", dry_run: bool = False,
-                   optimizer: str = "adamw", lr: float = 1e-2) -> dict:
+                   optimizer: str = "adamw", lr: float = 1e-2, precision: str = "fp32") -> dict:
     """Rank function: ``steps`` training steps in the virtual time of ``preset``, on random
-    tokens; when each step started and ended (``starts``, ``ends``: the rank's streams
-    synchronised), what the clock counted in the last one (``last``: totals by kind, bytes
-    by kind, the timeline from its start) and everything it knows (``clock``: for the
-    equality tests)."""
+    tokens, in ``precision`` (:data:`PRECISIONS`); when each step started and ended
+    (``starts``, ``ends``: the rank's streams synchronised), what the clock counted in the
+    last one (``last``: totals by kind, bytes by kind, the timeline from its start) and
+    everything it knows (``clock``: for the equality tests)."""
     grid = RankGrid.from_dims(dims)            # process groups: made outside the emulation
     starts, ends, before = [], [], {}
     with emulate.emulated(preset, dry_run=dry_run) as clock:
@@ -129,7 +133,10 @@ def emulated_steps(cfg: GPTConfig, dims: ParallelDims, recipe: Recipe, batch_siz
             x, y = rank_batch(random_batch(cfg, batch_size, step), dims, recipe, grid)
             starts.append(clock.synchronize())
             before = _counters(clock)
-            model.step(x, y)
+            with torch.autocast(launch.device().type, dtype=torch.bfloat16,
+                                enabled=precision == "bf16"):
+                model.forward_backward(x, y)
+            model.update()
             ends.append(clock.synchronize())
     return {"coords": grid.coords, "starts": starts, "ends": ends,
             "last": _since(clock, starts[-1], before),
@@ -160,10 +167,15 @@ def _since(clock, start: float, before: dict) -> dict:
 
 
 def time_at_scale(layouts: dict, cfg: GPTConfig, batch_size: int, preset="h100-node",
-                  steps: int = 2, timeout: float = 600, show: str | None = None) -> list[dict]:
+                  steps: int = 2, timeout: float = 600, show: str | None = None,
+                  precision: str = "fp32") -> list[dict]:
     """Time one training step of ``cfg`` (e.g. ``models.real_size("GPT-2 medium")``) under
-    each layout ``{name: (ParallelDims, Recipe)}`` in the dry run of the emulation; a row
-    per layout (see :func:`scale_row`). Nothing is computed: fake tensors, emulated time."""
+    each layout ``{name: (ParallelDims, Recipe)}`` in the dry run of the emulation, in
+    ``precision``: ``"fp32"``, or ``"bf16"`` autocast as a PyTorch mixed-precision run (its
+    messages then have that run's bytes); a row per layout (see :func:`scale_row`). Nothing
+    is computed: fake tensors, emulated time."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     for dims, recipe in layouts.values():
         check_hybrid(cfg, dims, recipe, batch_size)
     emulate.preset(preset)                                # an unknown preset: before any rank
@@ -172,7 +184,7 @@ def time_at_scale(layouts: dict, cfg: GPTConfig, batch_size: int, preset="h100-n
         dims, recipe = layouts[name]
         began = time.perf_counter()
         results = launch.run(emulated_steps, dims.world_size, cfg, dims, recipe, batch_size,
-                             steps, preset, True, timeout=timeout)
+                             steps, preset, True, precision=precision, timeout=timeout)
         rows.append(scale_row(name, cfg, dims, recipe, batch_size, preset, results,
                               time.perf_counter() - began))
     return rows
