@@ -77,7 +77,7 @@ ALLOWED = [
      "the hybrid trainer's constant, lecture_lib.hybrid.gpt.BUCKET_MB (torch DDP's bucket_cap_mb)"),
     ("10_capstone.ipynb", "the gradients go out in 25 MiB buckets",
      "the hybrid trainer's constant, lecture_lib.hybrid.gpt.BUCKET_MB (torch DDP's bucket_cap_mb)"),
-    ("02_data_parallel.ipynb", "with 25 MiB buckets under a tenth",
+    ("02_data_parallel.ipynb", "with 25 MiB buckets, under a tenth",
      "emulated, asserted after the overlap table (25 MiB: exposed < 0.1 x t_last, both batches)"),
     ("02_data_parallel.ipynb", "default of 25 MiB",
      "cited constant: DistributedDataParallel's bucket_cap_mb=25 (PyTorch docs)"),
